@@ -1,0 +1,20 @@
+//! What crosses Squall's process boundaries.
+//!
+//! Nimbus, supervisors, workers and the Kafka spout talk to each other only through ZooKeeper
+//! (and nimbus's code download), so everything they agree on lives here:
+//!
+//! - [`ids`]: newtypes for every identifier (topology, supervisor, executor, task, worker slot,
+//!   consumer, group, topic, partition), validated where they become path segments.
+//! - [`paths`]: the functions that build ZooKeeper paths, for Storm's layout under a
+//!   configurable root (default `/storm`) and Kafka's consumer registry under a configurable
+//!   chroot (default: none, so Kafka's own tools and Burrow read it unchanged).
+//! - [`znode`]: the payload stored at each path. A znode is a wire format: each type is
+//!   versioned, documented, golden-tested, and decodes garbage to an error naming the path.
+//! - [`coord`]: the coordination client every other crate uses, with two backends of the same
+//!   semantics: real ZooKeeper (`zookeeper-client`) and an in-memory ensemble for
+//!   `squall local` and fast tests. One conformance suite holds both to the same behaviour.
+
+pub mod coord;
+pub mod ids;
+pub mod paths;
+pub mod znode;

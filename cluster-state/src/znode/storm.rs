@@ -1,0 +1,413 @@
+//! Payloads of Storm's layout (Squall's own JSON, version 1). See the [module docs](super) for
+//! the versioning rule: unknown versions are rejected, unknown fields within version 1 ignored.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fmt;
+
+use serde::Deserialize;
+
+use super::{DecodeError, JsonObject, ZnodeData, decode_json, json_array};
+use crate::ids::{ComponentId, ExecutorId, SupervisorId, TopologyId, TopologyName, WorkerSlot};
+
+/// A topology's status (Storm's topology status), lowercase in JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TopologyStatus {
+    /// Spouts emit.
+    Active,
+    /// Deployed, spouts paused.
+    Inactive,
+    /// Waiting for a delayed rebalance.
+    Rebalancing,
+    /// Waiting for a delayed kill; spouts paused.
+    Killed,
+}
+
+impl TopologyStatus {
+    /// The JSON and display name, e.g. `"active"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Inactive => "inactive",
+            Self::Rebalancing => "rebalancing",
+            Self::Killed => "killed",
+        }
+    }
+}
+
+impl fmt::Display for TopologyStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A transition nimbus runs when its deadline passes; stored so a restarted nimbus resumes it.
+///
+/// `{"action":"kill","deadline_secs":1700000330}` or
+/// `{"action":"rebalance","deadline_secs":1700000330,"num_workers":3,"component_executors":{"split":4}}`
+/// (`num_workers` `null` and `component_executors` `{}` mean "unchanged").
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "action", rename_all = "lowercase")]
+pub enum DelayedTransition {
+    /// Remove the topology at `deadline_secs`.
+    Kill {
+        /// When to act, in seconds since the epoch.
+        deadline_secs: u64,
+    },
+    /// Recompute the assignment at `deadline_secs`, then return to [`StormBase::prev_status`].
+    Rebalance {
+        /// When to act, in seconds since the epoch.
+        deadline_secs: u64,
+        /// New worker count, if changed (`-n`).
+        #[serde(default)]
+        num_workers: Option<u32>,
+        /// New parallelism of some components (`-e component=parallelism`).
+        #[serde(default)]
+        component_executors: BTreeMap<ComponentId, u32>,
+    },
+}
+
+impl DelayedTransition {
+    /// When the transition is due, in seconds since the epoch.
+    pub fn deadline_secs(&self) -> u64 {
+        match self {
+            Self::Kill { deadline_secs } | Self::Rebalance { deadline_secs, .. } => *deadline_secs,
+        }
+    }
+
+    fn to_json(&self) -> String {
+        match self {
+            Self::Kill { deadline_secs } => {
+                JsonObject::new().field("action", "kill").field("deadline_secs", *deadline_secs).finish()
+            }
+            Self::Rebalance { deadline_secs, num_workers, component_executors } => JsonObject::new()
+                .field("action", "rebalance")
+                .field("deadline_secs", *deadline_secs)
+                .field("num_workers", *num_workers)
+                .raw(
+                    "component_executors",
+                    &JsonObject::map(component_executors.iter().map(|(c, n)| (c, *n))),
+                )
+                .finish(),
+        }
+    }
+}
+
+/// A topology's base record, at `/storm/storms/<topology-id>`.
+///
+/// ```json
+/// {"version":1,"name":"wc","launch_time_secs":1700000000,"status":"killed","num_workers":2,
+///  "component_executors":{"count":4,"split":2},"owner":"alice","prev_status":"active",
+///  "pending_transition":{"action":"kill","deadline_secs":1700000330}}
+/// ```
+/// (one line in the znode). `prev_status` is the status to return to after a rebalance,
+/// `null` otherwise; `pending_transition` is `null` when nothing is scheduled.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct StormBase {
+    /// The user-given topology name.
+    pub name: TopologyName,
+    /// Submission time, seconds since the epoch.
+    pub launch_time_secs: u64,
+    /// Current status.
+    pub status: TopologyStatus,
+    /// Requested number of workers.
+    pub num_workers: u32,
+    /// Parallelism (executor count) of each component.
+    pub component_executors: BTreeMap<ComponentId, u32>,
+    /// The submitting user.
+    pub owner: String,
+    /// Status to return to once a rebalance finishes.
+    #[serde(default)]
+    pub prev_status: Option<TopologyStatus>,
+    /// A delayed kill or rebalance not yet run.
+    #[serde(default)]
+    pub pending_transition: Option<DelayedTransition>,
+}
+
+impl ZnodeData for StormBase {
+    const FORMAT: &'static str = "storm-base v1 JSON";
+
+    fn encode(&self) -> Vec<u8> {
+        JsonObject::versioned(1)
+            .field("name", self.name.as_str())
+            .field("launch_time_secs", self.launch_time_secs)
+            .field("status", self.status.as_str())
+            .field("num_workers", self.num_workers)
+            .raw(
+                "component_executors",
+                &JsonObject::map(self.component_executors.iter().map(|(c, n)| (c, *n))),
+            )
+            .field("owner", self.owner.as_str())
+            .field("prev_status", self.prev_status.map(TopologyStatus::as_str))
+            .raw(
+                "pending_transition",
+                &self.pending_transition.as_ref().map_or("null".into(), |t| t.to_json()),
+            )
+            .finish()
+            .into_bytes()
+    }
+
+    fn decode(path: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
+        decode_json::<Self>(path, bytes, 1..=1).map(|(_, base)| base)
+    }
+}
+
+/// Where one executor runs and since when.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ExecutorAssignment {
+    /// The executor, `[start, end]` in JSON.
+    pub executor: ExecutorId,
+    /// The supervisor running it.
+    pub node: SupervisorId,
+    /// The worker port on that supervisor.
+    pub port: u16,
+    /// When it was assigned to this slot, seconds since the epoch.
+    pub start_time_secs: u64,
+}
+
+impl ExecutorAssignment {
+    /// The worker slot running the executor.
+    pub fn slot(&self) -> WorkerSlot {
+        WorkerSlot { node: self.node.clone(), port: self.port }
+    }
+}
+
+/// A topology's placement, at `/storm/assignments/<topology-id>`.
+///
+/// ```json
+/// {"version":1,"master_code_dir":"/var/squall/nimbus/stormdist/wc-1-1700000000",
+///  "node_host":{"sup-a1":"host1"},
+///  "executors":[{"executor":[1,2],"node":"sup-a1","port":6700,"start_time_secs":1700000005}]}
+/// ```
+/// (one line in the znode). Executors are a list because JSON keys must be strings. Decoding
+/// rejects an executor listed twice.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Assignment {
+    /// Nimbus's directory holding the topology's code.
+    pub master_code_dir: String,
+    /// Hostname of each supervisor used.
+    pub node_host: BTreeMap<SupervisorId, String>,
+    /// Slot and start time of every executor.
+    pub executors: Vec<ExecutorAssignment>,
+}
+
+impl Assignment {
+    /// The slot running `executor`, if it is assigned.
+    pub fn slot_of(&self, executor: &ExecutorId) -> Option<WorkerSlot> {
+        self.executors.iter().find(|e| e.executor == *executor).map(ExecutorAssignment::slot)
+    }
+
+    /// The executors running in `slot`.
+    pub fn executors_of<'a>(&'a self, slot: &'a WorkerSlot) -> impl Iterator<Item = ExecutorId> + 'a {
+        self.executors.iter().filter(move |e| e.node == slot.node && e.port == slot.port).map(|e| e.executor)
+    }
+
+    /// Every slot with at least one executor.
+    pub fn slots(&self) -> BTreeSet<WorkerSlot> {
+        self.executors.iter().map(ExecutorAssignment::slot).collect()
+    }
+}
+
+impl ZnodeData for Assignment {
+    const FORMAT: &'static str = "assignment v1 JSON";
+
+    fn encode(&self) -> Vec<u8> {
+        let executors = self.executors.iter().map(|e| {
+            JsonObject::new()
+                .field("executor", Vec::from(<[u32; 2]>::from(e.executor)))
+                .field("node", e.node.as_str())
+                .field("port", e.port)
+                .field("start_time_secs", e.start_time_secs)
+                .finish()
+        });
+        JsonObject::versioned(1)
+            .field("master_code_dir", self.master_code_dir.as_str())
+            .raw("node_host", &JsonObject::map(self.node_host.iter().map(|(n, h)| (n, h.as_str()))))
+            .raw("executors", &json_array(executors))
+            .finish()
+            .into_bytes()
+    }
+
+    fn decode(path: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
+        let (_, assignment) = decode_json::<Self>(path, bytes, 1..=1)?;
+        let mut seen = HashSet::new();
+        if let Some(dup) = assignment.executors.iter().find(|e| !seen.insert(e.executor)) {
+            return Err(DecodeError::new::<Self>(
+                path,
+                format_args!("executor {} assigned twice", dup.executor),
+            ));
+        }
+        Ok(assignment)
+    }
+}
+
+/// A live supervisor, at `/storm/supervisors/<supervisor-id>` (ephemeral).
+///
+/// ```json
+/// {"version":1,"time_secs":1700000100,"hostname":"host1","supervisor_id":"sup-a1",
+///  "used_ports":[6700],"all_ports":[6700,6701],"uptime_secs":100,"squall_version":"0.1.0",
+///  "metrics_endpoint":"host1:9100"}
+/// ```
+/// (one line in the znode). `all_ports` is Storm's `meta`; `squall_version` is named so to stay
+/// apart from the format `version`; `metrics_endpoint` is `null` when metrics are off.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct SupervisorInfo {
+    /// Last heartbeat, seconds since the epoch.
+    pub time_secs: u64,
+    /// The supervisor's hostname.
+    pub hostname: String,
+    /// Its id (also the znode name).
+    pub supervisor_id: SupervisorId,
+    /// Ports with a running worker.
+    pub used_ports: Vec<u16>,
+    /// All worker ports it offers (`supervisor.slots.ports`).
+    pub all_ports: Vec<u16>,
+    /// Seconds since it started.
+    pub uptime_secs: u64,
+    /// Squall version of the supervisor.
+    #[serde(rename = "squall_version")]
+    pub version: String,
+    /// `host:port` of its Prometheus `/metrics`, for discovery.
+    #[serde(default)]
+    pub metrics_endpoint: Option<String>,
+}
+
+impl ZnodeData for SupervisorInfo {
+    const FORMAT: &'static str = "supervisor-info v1 JSON";
+
+    fn encode(&self) -> Vec<u8> {
+        JsonObject::versioned(1)
+            .field("time_secs", self.time_secs)
+            .field("hostname", self.hostname.as_str())
+            .field("supervisor_id", self.supervisor_id.as_str())
+            .field("used_ports", self.used_ports.as_slice())
+            .field("all_ports", self.all_ports.as_slice())
+            .field("uptime_secs", self.uptime_secs)
+            .field("squall_version", self.version.as_str())
+            .field("metrics_endpoint", self.metrics_endpoint.as_deref())
+            .finish()
+            .into_bytes()
+    }
+
+    fn decode(path: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
+        decode_json::<Self>(path, bytes, 1..=1).map(|(_, info)| info)
+    }
+}
+
+/// Counters and average latencies of one executor since its worker started.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ExecutorStats {
+    /// The executor.
+    pub executor: ExecutorId,
+    /// Tuples emitted.
+    pub emitted: u64,
+    /// Tuples sent to other tasks.
+    pub transferred: u64,
+    /// Tuples acked.
+    pub acked: u64,
+    /// Tuples failed.
+    pub failed: u64,
+    /// Average time in `execute` (bolts), milliseconds.
+    pub execute_latency_ms: f64,
+    /// Average time from receipt to ack (bolts), milliseconds.
+    pub process_latency_ms: f64,
+    /// Average time from emit to full ack of a tuple tree (spouts), milliseconds.
+    pub complete_latency_ms: f64,
+}
+
+/// A finite latency for JSON; a non-finite average (no samples, or a bug) is written as 0.
+fn latency(ms: f64) -> f64 {
+    if ms.is_finite() { ms } else { 0.0 }
+}
+
+impl ExecutorStats {
+    fn to_json(&self) -> String {
+        JsonObject::new()
+            .field("executor", Vec::from(<[u32; 2]>::from(self.executor)))
+            .field("emitted", self.emitted)
+            .field("transferred", self.transferred)
+            .field("acked", self.acked)
+            .field("failed", self.failed)
+            .field("execute_latency_ms", latency(self.execute_latency_ms))
+            .field("process_latency_ms", latency(self.process_latency_ms))
+            .field("complete_latency_ms", latency(self.complete_latency_ms))
+            .finish()
+    }
+}
+
+/// A worker's heartbeat, at `/storm/workerbeats/<topology-id>/<node>-<port>`.
+///
+/// ```json
+/// {"version":1,"topology_id":"wc-1-1700000000","executor_stats":[{"executor":[1,2],
+///  "emitted":10,"transferred":10,"acked":8,"failed":1,"execute_latency_ms":0.5,
+///  "process_latency_ms":0.25,"complete_latency_ms":12.0}],"start_time_secs":1700000010,
+///  "time_secs":1700000070,"uptime_secs":60}
+/// ```
+/// (one line in the znode). Latencies are averages; a non-finite one is written as `0.0`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct WorkerHeartbeat {
+    /// The topology the worker runs.
+    pub topology_id: TopologyId,
+    /// Stats of each of its executors.
+    pub executor_stats: Vec<ExecutorStats>,
+    /// When the worker started, seconds since the epoch.
+    pub start_time_secs: u64,
+    /// When this heartbeat was written, seconds since the epoch.
+    pub time_secs: u64,
+    /// Seconds since the worker started.
+    pub uptime_secs: u64,
+}
+
+impl ZnodeData for WorkerHeartbeat {
+    const FORMAT: &'static str = "worker-heartbeat v1 JSON";
+
+    fn encode(&self) -> Vec<u8> {
+        JsonObject::versioned(1)
+            .field("topology_id", self.topology_id.as_str())
+            .raw("executor_stats", &json_array(self.executor_stats.iter().map(ExecutorStats::to_json)))
+            .field("start_time_secs", self.start_time_secs)
+            .field("time_secs", self.time_secs)
+            .field("uptime_secs", self.uptime_secs)
+            .finish()
+            .into_bytes()
+    }
+
+    fn decode(path: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
+        decode_json::<Self>(path, bytes, 1..=1).map(|(_, beat)| beat)
+    }
+}
+
+/// An error a component reported, at `/storm/errors/<topology-id>/<component-id>/e<seq>`.
+///
+/// ```json
+/// {"version":1,"error":"connection refused","time_secs":1700000200,"host":"host1","port":6700}
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ErrorInfo {
+    /// The error text (message and, where available, its chain of causes).
+    pub error: String,
+    /// When it was reported, seconds since the epoch.
+    pub time_secs: u64,
+    /// Host of the reporting worker.
+    pub host: String,
+    /// Port of the reporting worker.
+    pub port: u16,
+}
+
+impl ZnodeData for ErrorInfo {
+    const FORMAT: &'static str = "error-info v1 JSON";
+
+    fn encode(&self) -> Vec<u8> {
+        JsonObject::versioned(1)
+            .field("error", self.error.as_str())
+            .field("time_secs", self.time_secs)
+            .field("host", self.host.as_str())
+            .field("port", self.port)
+            .finish()
+            .into_bytes()
+    }
+
+    fn decode(path: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
+        decode_json::<Self>(path, bytes, 1..=1).map(|(_, info)| info)
+    }
+}

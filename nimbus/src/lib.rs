@@ -1,0 +1,7 @@
+//! Nimbus: the cluster's master.
+//!
+//! This crate will own (issue "nimbus and supervisor"): topology submission and code storage
+//! under `stormdist/<topology-id>`, the topology state machine (active, inactive, rebalancing,
+//! killed) with delayed transitions that survive a restart, the even scheduler as a pure
+//! function, the heartbeat monitor that reassigns dead executors, and the HTTP/JSON API shaped
+//! like Storm's UI REST API. It keeps no state of its own beyond ZooKeeper and its code dir.

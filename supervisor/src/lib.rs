@@ -1,0 +1,7 @@
+//! The supervisor: one per machine, turning assignments into running worker processes.
+//!
+//! This crate will own (issue "nimbus and supervisor"): the durable local state and stable
+//! supervisor id, the ephemeral registration under `/storm/supervisors`, the sync task
+//! (assignments to local assignment, code download and cleanup) and the process task (worker
+//! heartbeats versus local assignment: kill, start, adopt). Workers are launched through a trait
+//! so `squall local` can run them in-process; this crate never depends on `worker`.
