@@ -17,6 +17,7 @@ use cluster_state::coord::{
     CreateMode, Ensemble, EphemeralClaim, Error, MemoryEnsemble, Op, OpResult, Session, SessionOptions,
     SessionState, Watch, WatchEvent,
 };
+use cluster_state::znode::{OffsetData, StormBase, ZnodeData};
 use test_harness::{TcpRelay, ZkServer};
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -155,6 +156,7 @@ conformance! {
     checked_ephemeral_after_fast_reconnect,
     disconnect_and_reconnect_keep_the_session,
     invalid_paths_are_rejected_before_sending,
+    garbage_payloads_are_errors_naming_the_path,
 }
 
 /// What only a real server can show: a ZooKeeper restart is an outage every client rides out.
@@ -547,5 +549,28 @@ mod cases {
             assert!(matches!(err, Error::InvalidPath { ref path, .. } if path == bad), "{bad}: {err:?}");
             assert!(err.to_string().contains(bad));
         }
+    }
+
+    pub async fn garbage_payloads_are_errors_naming_the_path(f: Fixture) {
+        let s = f.connect().await;
+        let storms = "/storm/storms/wc-1-1700000000";
+        let offset = "/consumers/g/offsets/t/0";
+        s.create(storms, b"{\"version\":1,\"name\":", CreateMode::Persistent.with_parents()).await.unwrap();
+        s.create(offset, b"-1", CreateMode::Persistent.with_parents()).await.unwrap();
+
+        let err = s.read::<StormBase>(storms).await.unwrap_err();
+        assert!(matches!(err, Error::Decode(ref e) if e.path == storms), "{err:?}");
+        assert_eq!(err.path(), Some(storms));
+        assert!(err.to_string().starts_with(&format!("znode {storms}: not a valid")), "{err}");
+        let err = s.read::<OffsetData>(offset).await.unwrap_err();
+        assert!(err.to_string().contains(offset), "{err}");
+
+        // The garbage is still there for an operator to inspect; a good payload reads back.
+        assert_eq!(s.get(offset).await.unwrap().0, b"-1");
+        s.set(offset, &OffsetData::new(42).unwrap().encode(), None).await.unwrap();
+        let (read, _, watch) = s.read_watch::<OffsetData>(offset).await.unwrap();
+        assert_eq!(read.get(), 42);
+        s.set(offset, b"43", None).await.unwrap();
+        assert_eq!(fired(watch).await, WatchEvent::NodeDataChanged { path: offset.into() });
     }
 }

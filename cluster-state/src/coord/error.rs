@@ -43,6 +43,9 @@ pub enum Error {
     /// The session was closed by its owner.
     #[error("coordination session is closed")]
     SessionClosed,
+    /// The node holds data that is not a valid payload of the expected format.
+    #[error(transparent)]
+    Decode(#[from] crate::znode::DecodeError),
     /// Anything else the server or the client library reported.
     #[error("coordination error{}: {message}", at(path))]
     Backend { path: Option<String>, message: String },
@@ -81,6 +84,7 @@ impl Error {
                 path.as_deref()
             }
             Error::MultiFailed { source, .. } => source.path(),
+            Error::Decode(e) => Some(&e.path),
             Error::ConnectTimeout { .. } | Error::SessionClosed => None,
         }
     }

@@ -41,6 +41,7 @@ use std::time::Duration;
 
 pub use self::error::{Error, Result};
 pub use self::memory::MemoryEnsemble;
+use crate::znode::ZnodeData;
 
 /// A ZooKeeper session id, as the server assigns it (shown in hex, like ZooKeeper's logs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -444,6 +445,18 @@ impl Session {
     pub async fn get(&self, path: &str) -> Result<(Vec<u8>, Stat)> {
         validate_path(path)?;
         dispatch!(self.get(path))
+    }
+
+    /// Reads a node and decodes its payload; garbage is [`Error::Decode`], naming the path.
+    pub async fn read<T: ZnodeData>(&self, path: &str) -> Result<(T, Stat)> {
+        let (data, stat) = self.get(path).await?;
+        Ok((T::decode(path, &data)?, stat))
+    }
+
+    /// Like [`Session::read`], leaving a watch for the node's next change or deletion.
+    pub async fn read_watch<T: ZnodeData>(&self, path: &str) -> Result<(T, Stat, Watch)> {
+        let (data, stat, watch) = self.get_watch(path).await?;
+        Ok((T::decode(path, &data)?, stat, watch))
     }
 
     /// Reads a node and leaves a watch for its next change or deletion.
