@@ -46,6 +46,15 @@ impl Fixture {
         self.ensemble().connect(&options()).await.expect("connect")
     }
 
+    /// A session that [`Fixture::cut`] does not touch (on ZooKeeper: bypassing the relay).
+    async fn connect_bystander(&self) -> Session {
+        let ensemble = match self {
+            Fixture::Memory(m) => Ensemble::Memory(m.clone()),
+            Fixture::ZooKeeper { direct, .. } => direct.clone(),
+        };
+        ensemble.connect(&options()).await.expect("connect")
+    }
+
     /// Cuts the session's connection (on ZooKeeper: of every client of this test).
     fn cut(&self, session: &Session) {
         match self {
@@ -157,6 +166,8 @@ conformance! {
     disconnect_and_reconnect_keep_the_session,
     invalid_paths_are_rejected_before_sending,
     garbage_payloads_are_errors_naming_the_path,
+    changes_made_during_a_partition_fire_watches_on_reconnect,
+    a_closed_session_reports_closed,
 }
 
 /// What only a real server can show: a ZooKeeper restart is an outage every client rides out.
@@ -572,5 +583,38 @@ mod cases {
         assert_eq!(read.get(), 42);
         s.set(offset, b"43", None).await.unwrap();
         assert_eq!(fired(watch).await, WatchEvent::NodeDataChanged { path: offset.into() });
+    }
+
+    pub async fn changes_made_during_a_partition_fire_watches_on_reconnect(f: Fixture) {
+        let s = f.connect().await;
+        let bystander = f.connect_bystander().await;
+        s.create("/p", b"0", CreateMode::Persistent).await.unwrap();
+        let (_, _, changed) = s.get_watch("/p").await.unwrap();
+        let (_, children) = s.children_watch("/p").await.unwrap();
+        let mut states = s.state_changes();
+
+        f.cut(&s);
+        assert_eq!(states.next().await.map(|e| e.state), Some(SessionState::Disconnected));
+        bystander.set("/p", b"1", None).await.unwrap();
+        bystander.create("/p/c", b"", CreateMode::Persistent).await.unwrap();
+        f.restore(&s);
+
+        // Both watches learn of what happened while their session could not hear.
+        assert_eq!(fired(changed).await, WatchEvent::NodeDataChanged { path: "/p".into() });
+        assert_eq!(fired(children).await, WatchEvent::NodeChildrenChanged { path: "/p".into() });
+        assert_eq!(states.wait_for(SessionState::Connected).await, Some(SessionState::Connected));
+        assert_eq!(s.get("/p").await.unwrap().0, b"1");
+    }
+
+    pub async fn a_closed_session_reports_closed(f: Fixture) {
+        let s = f.connect().await;
+        let mut states = s.state_changes();
+        let id = s.id();
+        let (_, watch) = s.exists_watch("/never").await.unwrap();
+        s.close().await.unwrap();
+        let event = states.next().await.unwrap();
+        assert_eq!((event.session_id, event.state), (id, SessionState::Closed));
+        assert_eq!(states.next().await, None);
+        assert_eq!(fired(watch).await, WatchEvent::SessionEnded { state: SessionState::Closed });
     }
 }

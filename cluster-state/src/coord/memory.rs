@@ -119,12 +119,19 @@ impl MemoryEnsemble {
         let id = tree.last_session;
         let password = RandomState::new().hash_one(id);
         let timeout = options.session_timeout.clamp(MIN_SESSION_TIMEOUT, MAX_SESSION_TIMEOUT);
-        let (state, _) = watch::channel(SessionState::Connected);
+        let (state, receiver) = watch::channel(SessionState::Connected);
         tree.sessions.insert(
             id,
             SessionEntry { password, timeout, state, disconnect_epoch: 0, held_events: Vec::new() },
         );
-        Ok(MemSession { ensemble: self.clone(), id, password, timeout, detached: options.detached })
+        Ok(MemSession {
+            ensemble: self.clone(),
+            id,
+            password,
+            timeout,
+            detached: options.detached,
+            state: receiver,
+        })
     }
 
     pub(super) fn resume(
@@ -133,16 +140,23 @@ impl MemoryEnsemble {
         password: u64,
         options: &SessionOptions,
     ) -> Result<MemSession> {
-        let timeout = {
+        let (timeout, state) = {
             let tree = self.lock();
             match tree.sessions.get(&id.0) {
-                Some(entry) if entry.password == password => entry.timeout,
+                Some(entry) if entry.password == password => (entry.timeout, entry.state.subscribe()),
                 // ZooKeeper answers a wrong password like an unknown session: expired.
                 _ => return Err(Error::SessionExpired { path: None }),
             }
         };
         self.reconnect(id);
-        Ok(MemSession { ensemble: self.clone(), id: id.0, password, timeout, detached: options.detached })
+        Ok(MemSession {
+            ensemble: self.clone(),
+            id: id.0,
+            password,
+            timeout,
+            detached: options.detached,
+            state,
+        })
     }
 
     /// Cuts a session's connection: calls fail with [`Error::ConnectionLoss`], its watches hold
@@ -447,6 +461,8 @@ pub(super) struct MemSession {
     password: u64,
     timeout: Duration,
     detached: bool,
+    /// The session's state; it keeps the last (terminal) state once the session is gone.
+    state: watch::Receiver<SessionState>,
 }
 
 impl std::fmt::Debug for MemSession {
@@ -469,18 +485,14 @@ impl MemSession {
     }
 
     pub(super) fn state(&self) -> SessionState {
-        match self.ensemble.lock().sessions.get(&self.id) {
-            Some(entry) => *entry.state.borrow(),
-            // The entry is removed at the end; its last state was sent to receivers.
-            None => SessionState::Expired,
-        }
+        *self.state.borrow()
     }
 
     pub(super) fn state_receiver(&self) -> watch::Receiver<SessionState> {
-        match self.ensemble.lock().sessions.get(&self.id) {
-            Some(entry) => entry.state.subscribe(),
-            None => watch::channel(SessionState::Expired).1,
-        }
+        let mut receiver = self.state.clone();
+        // Report changes from now on, as zookeeper-client's state watcher does.
+        receiver.mark_unchanged();
+        receiver
     }
 
     /// Runs one write in a transaction and fires its watches.
