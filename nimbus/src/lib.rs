@@ -5,3 +5,8 @@
 //! killed) with delayed transitions that survive a restart, the even scheduler as a pure
 //! function, the heartbeat monitor that reassigns dead executors, and the HTTP/JSON API shaped
 //! like Storm's UI REST API. It keeps no state of its own beyond ZooKeeper and its code dir.
+//!
+//! Layout so far:
+//! - [`scheduler`]: Storm's even scheduler as a pure function (`schedule(input) -> Schedule`).
+
+pub mod scheduler;
