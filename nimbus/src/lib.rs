@@ -7,6 +7,9 @@
 //! like Storm's UI REST API. It keeps no state of its own beyond ZooKeeper and its code dir.
 //!
 //! Layout so far:
+//! - [`lifecycle`]: the topology state machine (active, inactive, rebalancing, killed) as a pure
+//!   function over the stored base record, delayed transitions included.
 //! - [`scheduler`]: Storm's even scheduler as a pure function (`schedule(input) -> Schedule`).
 
+pub mod lifecycle;
 pub mod scheduler;
