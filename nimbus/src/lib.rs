@@ -9,7 +9,9 @@
 //! Layout so far:
 //! - [`lifecycle`]: the topology state machine (active, inactive, rebalancing, killed) as a pure
 //!   function over the stored base record, delayed transitions included.
+//! - [`liveness`]: which executors are alive, from heartbeats measured on nimbus's own clock.
 //! - [`scheduler`]: Storm's even scheduler as a pure function (`schedule(input) -> Schedule`).
 
 pub mod lifecycle;
+pub mod liveness;
 pub mod scheduler;
