@@ -5,3 +5,9 @@
 //! (assignments to local assignment, code download and cleanup) and the process task (worker
 //! heartbeats versus local assignment: kill, start, adopt). Workers are launched through a trait
 //! so `squall local` can run them in-process; this crate never depends on `worker`.
+//!
+//! Layout so far:
+//! - [`plan`]: the sync decisions as pure functions: this node's local assignment, and which
+//!   workers to kill and which ports to launch (Storm's `sync-processes`).
+
+pub mod plan;
