@@ -7,7 +7,10 @@
 //! so `squall local` can run them in-process; this crate never depends on `worker`.
 //!
 //! Layout so far:
+//! - [`local_state`]: the durable local state file (atomic replace, checksummed, corruption
+//!   reported, never a crash).
 //! - [`plan`]: the sync decisions as pure functions: this node's local assignment, and which
 //!   workers to kill and which ports to launch (Storm's `sync-processes`).
 
+pub mod local_state;
 pub mod plan;
