@@ -7,10 +7,13 @@
 //! so `squall local` can run them in-process; this crate never depends on `worker`.
 //!
 //! Layout so far:
+//! - [`launch`]: the [`launch::Launcher`] trait and the process launcher (no shell, own
+//!   process group and log file, TERM then KILL, adoption by pid after a restart).
 //! - [`local_state`]: the durable local state file (atomic replace, checksummed, corruption
 //!   reported, never a crash).
 //! - [`plan`]: the sync decisions as pure functions: this node's local assignment, and which
 //!   workers to kill and which ports to launch (Storm's `sync-processes`).
 
+pub mod launch;
 pub mod local_state;
 pub mod plan;

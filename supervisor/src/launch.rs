@@ -1,0 +1,258 @@
+//! Starting and stopping workers, behind a trait.
+//!
+//! The supervisor decides *what* runs ([`crate::plan`]); a [`Launcher`] makes it so. The process
+//! launcher here starts each worker as a child process, without a shell, in its own process
+//! group (so a kill reaches anything the worker started), with stdout and stderr appended to
+//! the worker's own log file. `squall local` provides a launcher that runs workers in-process
+//! instead, which is why this crate never depends on `worker`.
+//!
+//! The trait is synchronous and signal-shaped (`terminate`, then `force_kill` after a grace
+//! period the caller times), so the caller's actor owns every wait.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+
+use rustix::process::{Pid, Signal};
+
+/// Everything needed to start one worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSpec {
+    /// The id the worker runs under (also how an adopted worker is recognised).
+    pub worker_id: String,
+    /// The program: `squall` or the topology's own worker binary.
+    pub program: PathBuf,
+    /// Its arguments (`worker --topology-id .. --supervisor-id .. --port .. --worker-id ..`).
+    pub args: Vec<OsString>,
+    /// Extra environment variables.
+    pub env: Vec<(OsString, OsString)>,
+    /// Working directory.
+    pub dir: PathBuf,
+    /// Where its stdout and stderr go (appended).
+    pub log_path: PathBuf,
+}
+
+/// A worker that could not be started or signalled.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The log file could not be opened.
+    #[error("worker {worker_id}: cannot open its log file {path}: {source}")]
+    Log { worker_id: String, path: PathBuf, source: io::Error },
+    /// The program could not be started (missing, not executable, ...).
+    #[error("worker {worker_id}: cannot start {program}: {source}")]
+    Spawn { worker_id: String, program: PathBuf, source: io::Error },
+    /// A signal could not be delivered (other than to a process already gone).
+    #[error("cannot signal worker process {pid}: {source}")]
+    Signal { pid: u32, source: io::Error },
+}
+
+/// Starts and stops workers; see the module docs.
+pub trait Launcher: Send + Sync + std::fmt::Debug {
+    /// Starts a worker; returns its pid.
+    fn launch(&self, spec: &WorkerSpec) -> Result<u32, LaunchError>;
+    /// Whether the worker is still running.
+    fn is_running(&self, pid: u32) -> bool;
+    /// Asks the worker to shut down gracefully.
+    fn terminate(&self, pid: u32) -> Result<(), LaunchError>;
+    /// Kills the worker now.
+    fn force_kill(&self, pid: u32) -> Result<(), LaunchError>;
+    /// After a supervisor restart: whether `pid` is still the worker `worker_id` (and not a
+    /// process that reused the pid). Adopted workers are then managed like launched ones.
+    fn adopt(&self, pid: u32, worker_id: &str) -> bool;
+}
+
+/// Workers as child processes.
+#[derive(Debug, Default)]
+pub struct ProcessLauncher {
+    /// Children we started, so their exit is reaped (no zombies) and observed.
+    children: Mutex<HashMap<u32, Child>>,
+}
+
+impl ProcessLauncher {
+    /// A launcher with no workers yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn children(&self) -> MutexGuard<'_, HashMap<u32, Child>> {
+        self.children.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn signal_group(&self, pid: u32, signal: Signal) -> Result<(), LaunchError> {
+        let Some(group) = i32::try_from(pid).ok().and_then(Pid::from_raw) else { return Ok(()) };
+        match rustix::process::kill_process_group(group, signal) {
+            Ok(()) => Ok(()),
+            // Already gone: the goal is reached.
+            Err(rustix::io::Errno::SRCH) => Ok(()),
+            Err(e) => Err(LaunchError::Signal { pid, source: e.into() }),
+        }
+    }
+}
+
+impl Launcher for ProcessLauncher {
+    fn launch(&self, spec: &WorkerSpec) -> Result<u32, LaunchError> {
+        let log = OpenOptions::new().create(true).append(true).open(&spec.log_path).map_err(|source| {
+            LaunchError::Log { worker_id: spec.worker_id.clone(), path: spec.log_path.clone(), source }
+        })?;
+        let stderr = log.try_clone().map_err(|source| LaunchError::Log {
+            worker_id: spec.worker_id.clone(),
+            path: spec.log_path.clone(),
+            source,
+        })?;
+        let child = Command::new(&spec.program)
+            .args(&spec.args)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&spec.dir)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(stderr)
+            .process_group(0)
+            .spawn()
+            .map_err(|source| LaunchError::Spawn {
+                worker_id: spec.worker_id.clone(),
+                program: spec.program.clone(),
+                source,
+            })?;
+        let pid = child.id();
+        self.children().insert(pid, child);
+        Ok(pid)
+    }
+
+    fn is_running(&self, pid: u32) -> bool {
+        let mut children = self.children();
+        if let Some(child) = children.get_mut(&pid) {
+            return match child.try_wait() {
+                Ok(None) => true,
+                Ok(Some(_)) | Err(_) => {
+                    children.remove(&pid);
+                    false
+                }
+            };
+        }
+        i32::try_from(pid)
+            .ok()
+            .and_then(Pid::from_raw)
+            .is_some_and(|pid| rustix::process::test_kill_process(pid).is_ok())
+    }
+
+    fn terminate(&self, pid: u32) -> Result<(), LaunchError> {
+        self.signal_group(pid, Signal::TERM)
+    }
+
+    fn force_kill(&self, pid: u32) -> Result<(), LaunchError> {
+        self.signal_group(pid, Signal::KILL)
+    }
+
+    fn adopt(&self, pid: u32, worker_id: &str) -> bool {
+        // The worker id is one of its arguments; a reused pid runs something else.
+        let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+        self.is_running(pid) && cmdline.split(|&b| b == 0).any(|arg| arg == worker_id.as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn spec(dir: &std::path::Path, program: &str, args: &[&str]) -> WorkerSpec {
+        WorkerSpec {
+            worker_id: "w-1234".into(),
+            program: program.into(),
+            args: args.iter().map(OsString::from).collect(),
+            env: vec![("SQUALL_TEST".into(), "yes".into())],
+            dir: dir.to_path_buf(),
+            log_path: dir.join("worker.log"),
+        }
+    }
+
+    fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn output_goes_to_the_log_file_and_exit_is_observed() {
+        let dir = tempfile::tempdir().unwrap();
+        let launcher = ProcessLauncher::new();
+        let pid = launcher.launch(&spec(dir.path(), "/usr/bin/env", &[])).unwrap();
+        wait_until("the worker to exit", || !launcher.is_running(pid));
+        let log = fs::read_to_string(dir.path().join("worker.log")).unwrap();
+        assert!(log.contains("SQUALL_TEST=yes"), "{log}");
+    }
+
+    #[test]
+    fn terminate_stops_a_worker_and_its_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let launcher = ProcessLauncher::new();
+        let pid = launcher.launch(&spec(dir.path(), "sleep", &["30"])).unwrap();
+        assert!(launcher.is_running(pid));
+        launcher.terminate(pid).unwrap();
+        wait_until("the worker to stop", || !launcher.is_running(pid));
+        // Signalling a worker that is gone is not an error.
+        launcher.terminate(pid).unwrap();
+        launcher.force_kill(pid).unwrap();
+    }
+
+    #[test]
+    fn force_kill_stops_a_worker_that_ignores_terminate() {
+        let dir = tempfile::tempdir().unwrap();
+        let launcher = ProcessLauncher::new();
+        let stubborn = spec(dir.path(), "sh", &["-c", "trap '' TERM; echo ready; while :; do sleep 1; done"]);
+        let pid = launcher.launch(&stubborn).unwrap();
+        wait_until("the trap to be set", || {
+            fs::read_to_string(dir.path().join("worker.log")).is_ok_and(|log| log.contains("ready"))
+        });
+        launcher.terminate(pid).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(launcher.is_running(pid), "TERM is ignored");
+        launcher.force_kill(pid).unwrap();
+        wait_until("the worker to die", || !launcher.is_running(pid));
+    }
+
+    #[test]
+    fn a_missing_program_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = ProcessLauncher::new().launch(&spec(dir.path(), "/nonexistent/squall", &[])).unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("w-1234") && message.contains("/nonexistent/squall"), "{message}");
+    }
+
+    /// Kills the child when the test ends, also when it fails, so no process outlives it.
+    struct KillOnDrop(std::process::Child);
+
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    #[test]
+    fn adoption_recognises_the_worker_by_its_id() {
+        // A worker left behind by a previous supervisor: not our child.
+        let orphan = KillOnDrop(
+            Command::new("sh")
+                .args(["-c", "while :; do sleep 1; done", "w-1234"])
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let pid = orphan.0.id();
+        let launcher = ProcessLauncher::new();
+        // Until the child has exec'd, its command line is still ours.
+        wait_until("the orphan to exec", || launcher.adopt(pid, "w-1234"));
+        assert!(!launcher.adopt(pid, "w-9999"), "same pid, another worker");
+        assert!(!launcher.adopt(u32::MAX / 2, "w-1234"), "no such process");
+        drop(orphan);
+        assert!(!launcher.adopt(pid, "w-1234"), "gone");
+    }
+}
