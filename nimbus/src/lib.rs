@@ -11,7 +11,9 @@
 //!   function over the stored base record, delayed transitions included.
 //! - [`liveness`]: which executors are alive, from heartbeats measured on nimbus's own clock.
 //! - [`scheduler`]: Storm's even scheduler as a pure function (`schedule(input) -> Schedule`).
+//! - [`views`]: the read side of the HTTP API (Storm UI's summaries) as pure functions.
 
 pub mod lifecycle;
 pub mod liveness;
 pub mod scheduler;
+pub mod views;

@@ -1,0 +1,248 @@
+//! The read side of nimbus's HTTP API, as pure functions from what ZooKeeper holds to the JSON
+//! bodies of Storm's UI REST API (`/api/v1/cluster/summary`, `/api/v1/supervisor/summary`,
+//! `/api/v1/topology/summary`), with Storm's key names so scripts written for Storm work.
+//!
+//! Slot usage is counted from the assignments (what nimbus decided), as Storm UI does, not from
+//! what supervisors report, which lags.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cluster_state::ids::{SupervisorId, TopologyId, WorkerSlot};
+use cluster_state::znode::{Assignment, StormBase, SupervisorInfo};
+use serde::Serialize;
+
+/// Everything the summaries are computed from, read in one pass.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterSnapshot {
+    pub storms: BTreeMap<TopologyId, StormBase>,
+    pub assignments: BTreeMap<TopologyId, Assignment>,
+    pub supervisors: BTreeMap<SupervisorId, SupervisorInfo>,
+    /// When this nimbus started, seconds since the epoch.
+    pub nimbus_start_secs: u64,
+    pub now_secs: u64,
+}
+
+/// `GET /api/v1/cluster/summary`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterSummary {
+    /// Storm's key, carrying Squall's version.
+    pub storm_version: String,
+    pub nimbus_uptime: String,
+    pub nimbus_uptime_seconds: u64,
+    pub supervisors: usize,
+    pub slots_total: usize,
+    pub slots_used: usize,
+    pub slots_free: usize,
+    pub executors_total: usize,
+    pub tasks_total: u64,
+    pub topologies: usize,
+}
+
+/// One entry of `GET /api/v1/supervisor/summary`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SupervisorSummary {
+    pub id: String,
+    pub host: String,
+    pub uptime: String,
+    pub uptime_seconds: u64,
+    pub slots_total: usize,
+    pub slots_used: usize,
+    pub version: String,
+}
+
+/// One entry of `GET /api/v1/topology/summary`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologySummary {
+    pub id: String,
+    pub name: String,
+    /// Storm UI's upper-case status: `ACTIVE`, `INACTIVE`, `REBALANCING`, `KILLED`.
+    pub status: String,
+    pub uptime: String,
+    pub uptime_seconds: u64,
+    pub tasks_total: u64,
+    pub workers_total: usize,
+    pub executors_total: usize,
+    pub owner: String,
+}
+
+/// Storm UI's uptime format: `1d 2h 3m 4s`, leading zero units left out.
+pub fn pretty_uptime(secs: u64) -> String {
+    let units = [(secs / 86_400, "d"), (secs / 3600 % 24, "h"), (secs / 60 % 60, "m"), (secs % 60, "s")];
+    let first = units.iter().position(|&(n, _)| n > 0).unwrap_or(units.len() - 1);
+    units[first..].iter().map(|(n, unit)| format!("{n}{unit}")).collect::<Vec<_>>().join(" ")
+}
+
+fn used_slots(snapshot: &ClusterSnapshot) -> BTreeSet<WorkerSlot> {
+    snapshot.assignments.values().flat_map(Assignment::slots).collect()
+}
+
+impl ClusterSnapshot {
+    /// `GET /api/v1/cluster/summary`.
+    pub fn cluster_summary(&self, version: &str) -> ClusterSummary {
+        let used = used_slots(self);
+        let slots_total: usize = self.supervisors.values().map(|s| s.all_ports.len()).sum();
+        let slots_used = used.iter().filter(|slot| self.supervisors.contains_key(&slot.node)).count();
+        let executors = self.assignments.values().flat_map(|a| &a.executors);
+        let uptime = self.now_secs.saturating_sub(self.nimbus_start_secs);
+        ClusterSummary {
+            storm_version: version.to_owned(),
+            nimbus_uptime: pretty_uptime(uptime),
+            nimbus_uptime_seconds: uptime,
+            supervisors: self.supervisors.len(),
+            slots_total,
+            slots_used,
+            slots_free: slots_total.saturating_sub(slots_used),
+            executors_total: executors.clone().count(),
+            tasks_total: executors.map(|e| e.executor.tasks().count() as u64).sum(),
+            topologies: self.storms.len(),
+        }
+    }
+
+    /// `GET /api/v1/supervisor/summary` (the body's `supervisors` list), by id.
+    pub fn supervisor_summaries(&self) -> Vec<SupervisorSummary> {
+        let used = used_slots(self);
+        self.supervisors
+            .values()
+            .map(|info| SupervisorSummary {
+                id: info.supervisor_id.to_string(),
+                host: info.hostname.clone(),
+                uptime: pretty_uptime(info.uptime_secs),
+                uptime_seconds: info.uptime_secs,
+                slots_total: info.all_ports.len(),
+                slots_used: used.iter().filter(|slot| slot.node == info.supervisor_id).count(),
+                version: info.version.clone(),
+            })
+            .collect()
+    }
+
+    /// `GET /api/v1/topology/summary` (the body's `topologies` list), by id.
+    pub fn topology_summaries(&self) -> Vec<TopologySummary> {
+        self.storms
+            .iter()
+            .map(|(id, base)| {
+                let assignment = self.assignments.get(id);
+                let executors: Vec<_> = assignment.map(|a| a.executors.iter().collect()).unwrap_or_default();
+                let uptime = self.now_secs.saturating_sub(base.launch_time_secs);
+                TopologySummary {
+                    id: id.to_string(),
+                    name: base.name.to_string(),
+                    status: base.status.as_str().to_ascii_uppercase(),
+                    uptime: pretty_uptime(uptime),
+                    uptime_seconds: uptime,
+                    tasks_total: executors.iter().map(|e| e.executor.tasks().count() as u64).sum(),
+                    workers_total: assignment.map_or(0, |a| a.slots().len()),
+                    executors_total: executors.len(),
+                    owner: base.owner.clone(),
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cluster_state::ids::{ExecutorId, TaskId, TopologyName};
+    use cluster_state::znode::{ExecutorAssignment, TopologyStatus};
+    use serde_json::json;
+
+    const NOW: u64 = 1_700_100_000;
+
+    fn sup(id: &str) -> SupervisorId {
+        SupervisorId::new(id).unwrap()
+    }
+
+    fn supervisor(id: &str, ports: &[u16], uptime_secs: u64) -> SupervisorInfo {
+        SupervisorInfo {
+            time_secs: NOW,
+            hostname: format!("host-{id}"),
+            supervisor_id: sup(id),
+            used_ports: vec![],
+            all_ports: ports.to_vec(),
+            uptime_secs,
+            version: "0.1.0".into(),
+            metrics_endpoint: None,
+        }
+    }
+
+    fn snapshot() -> ClusterSnapshot {
+        let id: TopologyId = "wc-1-1700000000".parse().unwrap();
+        let base = StormBase {
+            name: TopologyName::new("wc").unwrap(),
+            launch_time_secs: NOW - 3_723,
+            status: TopologyStatus::Active,
+            num_workers: 2,
+            component_executors: BTreeMap::new(),
+            owner: "alice".into(),
+            prev_status: None,
+            pending_transition: None,
+        };
+        let entry = |start, end, node: &str, port| ExecutorAssignment {
+            executor: ExecutorId::new(TaskId(start), TaskId(end)).unwrap(),
+            node: sup(node),
+            port,
+            start_time_secs: NOW - 3_700,
+        };
+        let assignment = Assignment {
+            master_code_dir: "/code".into(),
+            node_host: BTreeMap::new(),
+            executors: vec![entry(1, 2, "a", 6700), entry(3, 3, "b", 6700), entry(4, 6, "a", 6700)],
+        };
+        ClusterSnapshot {
+            storms: [(id.clone(), base)].into_iter().collect(),
+            assignments: [(id, assignment)].into_iter().collect(),
+            supervisors: [("a", supervisor("a", &[6700, 6701], 90_061)), ("b", supervisor("b", &[6700], 5))]
+                .into_iter()
+                .map(|(k, v)| (sup(k), v))
+                .collect(),
+            nimbus_start_secs: NOW - 59,
+            now_secs: NOW,
+        }
+    }
+
+    #[test]
+    fn uptimes_read_like_storm_ui() {
+        assert_eq!(pretty_uptime(0), "0s");
+        assert_eq!(pretty_uptime(59), "59s");
+        assert_eq!(pretty_uptime(3_723), "1h 2m 3s");
+        assert_eq!(pretty_uptime(90_061), "1d 1h 1m 1s");
+        assert_eq!(pretty_uptime(86_400), "1d 0h 0m 0s");
+    }
+
+    #[test]
+    fn cluster_summary_counts_slots_from_assignments() {
+        let body = serde_json::to_value(snapshot().cluster_summary("0.1.0")).unwrap();
+        assert_eq!(
+            body,
+            json!({
+                "stormVersion": "0.1.0", "nimbusUptime": "59s", "nimbusUptimeSeconds": 59,
+                "supervisors": 2, "slotsTotal": 3, "slotsUsed": 2, "slotsFree": 1,
+                "executorsTotal": 3, "tasksTotal": 6, "topologies": 1
+            })
+        );
+        let empty = ClusterSnapshot::default().cluster_summary("0.1.0");
+        assert_eq!((empty.slots_total, empty.slots_free, empty.topologies), (0, 0, 0));
+    }
+
+    #[test]
+    fn supervisor_and_topology_summaries() {
+        let snapshot = snapshot();
+        let supervisors = serde_json::to_value(snapshot.supervisor_summaries()).unwrap();
+        assert_eq!(
+            supervisors[0],
+            json!({"id": "a", "host": "host-a", "uptime": "1d 1h 1m 1s", "uptimeSeconds": 90_061,
+                   "slotsTotal": 2, "slotsUsed": 1, "version": "0.1.0"})
+        );
+        assert_eq!(supervisors[1]["slotsUsed"], 1);
+        let topologies = serde_json::to_value(snapshot.topology_summaries()).unwrap();
+        assert_eq!(
+            topologies,
+            json!([{"id": "wc-1-1700000000", "name": "wc", "status": "ACTIVE", "uptime": "1h 2m 3s",
+                    "uptimeSeconds": 3_723, "tasksTotal": 6, "workersTotal": 2, "executorsTotal": 3,
+                    "owner": "alice"}])
+        );
+    }
+}
