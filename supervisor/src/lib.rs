@@ -11,9 +11,12 @@
 //!   process group and log file, TERM then KILL, adoption by pid after a restart).
 //! - [`local_state`]: the durable local state file (atomic replace, checksummed, corruption
 //!   reported, never a crash).
+//! - [`registration`]: the ephemeral `/storm/supervisors/<id>` heartbeat, re-created after a
+//!   session expiry.
 //! - [`plan`]: the sync decisions as pure functions: this node's local assignment, and which
 //!   workers to kill and which ports to launch (Storm's `sync-processes`).
 
 pub mod launch;
 pub mod local_state;
 pub mod plan;
+pub mod registration;

@@ -1,0 +1,135 @@
+//! The supervisor's presence in ZooKeeper: `/storm/supervisors/<id>` (ephemeral), holding a
+//! [`SupervisorInfo`] refreshed every `supervisor.heartbeat.frequency.secs`.
+//!
+//! Nimbus treats a supervisor whose node is gone as dead and moves its executors, so the node
+//! must come back whenever this process lives: after a session expiry the actor opens a new
+//! session and registers again. A node found under our id but held by another session is our
+//! previous incarnation's (the supervisor id is stable across restarts and unique to this
+//! machine), left until its session times out; it is replaced at once rather than waited out.
+
+use std::time::Duration;
+
+use cluster_state::coord::{self, CreateMode, Ensemble, Session, SessionOptions};
+use cluster_state::paths::StormPaths;
+use cluster_state::znode::{SupervisorInfo, ZnodeData};
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+
+/// Storm's `supervisor.heartbeat.frequency.secs`.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Keeps one supervisor registered; see the module docs.
+#[derive(Debug)]
+pub struct Registration {
+    pub ensemble: Ensemble,
+    pub session_options: SessionOptions,
+    pub paths: StormPaths,
+    /// Everything but the times, which the actor fills in.
+    pub info: SupervisorInfo,
+    /// Ports in use, as the process task reports them.
+    pub used_ports: watch::Receiver<Vec<u16>>,
+    pub heartbeat_interval: Duration,
+}
+
+impl Registration {
+    /// Registers and keeps the registration fresh until `cancel`; then closes the session, so
+    /// the node goes at once (nimbus reschedules without waiting for a timeout).
+    pub async fn run(mut self, cancel: CancellationToken) {
+        let started = Instant::now();
+        let mut retry = Duration::from_millis(100);
+        while !cancel.is_cancelled() {
+            let session = tokio::select! {
+                () = cancel.cancelled() => return,
+                connected = self.ensemble.connect(&self.session_options) => connected,
+            };
+            let session = match session {
+                Ok(session) => session,
+                Err(e) => {
+                    tracing::warn!(error = %e, "supervisor cannot reach ZooKeeper; retrying in {retry:?}");
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        () = tokio::time::sleep(retry) => {}
+                    }
+                    retry = (retry * 2).min(self.heartbeat_interval.max(Duration::from_secs(1)));
+                    continue;
+                }
+            };
+            retry = Duration::from_millis(100);
+            self.serve(&session, started, &cancel).await;
+            if cancel.is_cancelled() {
+                let _ = session.close().await;
+                return;
+            }
+            tracing::warn!(session = %session.id(), "supervisor session ended; registering again");
+        }
+    }
+
+    /// Heartbeats on one session until it ends or `cancel`.
+    async fn serve(&mut self, session: &Session, started: Instant, cancel: &CancellationToken) {
+        let mut states = session.state_changes();
+        let mut tick = tokio::time::interval(self.heartbeat_interval);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // The first beat happens below at once; the next one a full interval later.
+        tick.reset();
+        let mut ports_open = true;
+        loop {
+            if session.state().is_terminal() {
+                return;
+            }
+            if let Err(e) = self.beat(session, started).await {
+                if e.is_session_lost() {
+                    return;
+                }
+                tracing::warn!(error = %e, "supervisor heartbeat failed; retrying next tick");
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+                // Ports changed: tell nimbus now rather than at the next tick.
+                changed = self.used_ports.changed(), if ports_open => ports_open = changed.is_ok(),
+                event = states.next() => match event {
+                    Some(event) if event.state.is_terminal() => return,
+                    Some(_) => {}
+                    None => return,
+                },
+            }
+        }
+    }
+
+    /// Writes the current info: updates our node, or (re)creates it.
+    async fn beat(&self, session: &Session, started: Instant) -> coord::Result<()> {
+        let path = self.paths.supervisor(&self.info.supervisor_id);
+        let now_secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let info = SupervisorInfo {
+            time_secs: now_secs,
+            uptime_secs: started.elapsed().as_secs(),
+            used_ports: self.used_ports.borrow().clone(),
+            ..self.info.clone()
+        };
+        let data = info.encode();
+        match session.exists(&path).await? {
+            Some(stat) if stat.ephemeral_owner == Some(session.id()) => {
+                session.set(&path, &data, None).await?;
+                return Ok(());
+            }
+            Some(stat) => {
+                tracing::info!(%path, owner = ?stat.ephemeral_owner, "replacing the registration of a previous session");
+                match session.delete(&path, Some(stat.version)).await {
+                    Ok(()) | Err(coord::Error::NoNode { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            None => {}
+        }
+        match session.create(&path, &data, CreateMode::Ephemeral.with_parents()).await {
+            Ok(_) => Ok(()),
+            // Someone raced us; the next beat sorts it out.
+            Err(coord::Error::NodeExists { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
