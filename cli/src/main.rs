@@ -1,17 +1,43 @@
 //! `squall`: the one user-facing command, in Storm's shape.
 //!
-//! The verbs arrive with the issues that build what they drive: `local`, `nimbus`,
-//! `supervisor`, `submit`, `kill`, `activate`, `deactivate`, `rebalance`, `list`, `errors`,
-//! `worker` (nimbus and supervisor issue) and `offsets` (operations issue). Until then the
-//! command only answers `--help` and `--version`.
+//! Verbs so far: `worker` (what a supervisor launches for one slot). The others arrive with
+//! the issues that build what they drive: `local`, `nimbus`, `supervisor`, `submit`, `kill`,
+//! `activate`, `deactivate`, `rebalance`, `list`, `errors` and `offsets`.
 
-use clap::Parser;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
 
 /// Squall: a Storm-style stream processor that ingests Kafka through the ZooKeeper consumer registry.
 #[derive(Debug, Parser)]
 #[command(name = "squall", version, about)]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
 
-fn main() {
-    let _cli = Cli::parse();
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one worker of a topology on one slot (launched by the supervisor).
+    Worker(worker::cli::WorkerCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.command {
+        Some(Command::Worker(cmd)) => match worker::cli::execute(cmd, &worker::Registry::with_builtins()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("squall worker: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        None => ExitCode::SUCCESS,
+    }
 }

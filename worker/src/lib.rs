@@ -1,6 +1,71 @@
-//! The worker: the topology API users program against, and the process that runs executors.
+//! The worker: the topology API users program against, and the runtime that runs executors.
 //!
-//! This crate will own (issue "worker"): the `Spout` and `Bolt` traits, tuples and output
-//! collectors, the topology builder and the Flux-style YAML loader with its component registry,
-//! executors with Storm's task ids and groupings, XOR acking, the inter-worker TCP transport,
-//! and the worker's heartbeats and error reports.
+//! This crate owns the `Spout` and `Bolt` traits, tuples and output collectors, the topology
+//! builder and the Flux-style YAML loader with its component registry, executors with Storm's
+//! task ids and groupings, XOR acking, and the in-process mode that runs a topology's workers
+//! in one process.
+//!
+//! Layout:
+//! - [`tuple`]: values, fields, tuples. [`component`]: the traits and the topology context.
+//! - [`collector`]: emitting, acking, batching per destination (one executor's output side).
+//! - [`topology`]: the validated graph and [`TopologyBuilder`]. [`config`]: Storm's keys and
+//!   defaults. [`flux`]: YAML loader and [`Registry`]. [`builtin`]: built-in components.
+//! - Pure decisions: [`layout`] (task ids, executors, which worker runs what), [`grouping`]
+//!   (target choice), [`acker`] (the XOR ledger).
+//! - [`executor`]: one thread per executor with bounded queues. [`runtime`]: a worker's
+//!   executors and [`LocalCluster`]. [`stats`]: executor statistics.
+//! - [`error`]: the crate's error enum.
+//!
+//! Building and running a topology in code:
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use worker::builtin::{SentenceParams, SentenceSpout, SplitSentence, WordCount};
+//! use worker::{LocalCluster, TopologyBuilder};
+//!
+//! let mut builder = TopologyBuilder::new("wordcount");
+//! builder.set_spout("sentences", 1, || {
+//!     SentenceSpout::new(SentenceParams { count: Some(100), ..SentenceParams::default() })
+//! });
+//! builder.set_bolt("split", 2, || SplitSentence).shuffle_grouping("sentences");
+//! builder.set_bolt("count", 2, WordCount::default).fields_grouping("split", ["word"]);
+//! let topology = builder.build()?;
+//!
+//! let cluster = LocalCluster::start(topology)?;
+//! let deadline = Instant::now() + Duration::from_secs(30);
+//! let acked = || cluster.runtime().component_stats("sentences").iter()
+//!     .map(|s| s.acked.load(std::sync::atomic::Ordering::Relaxed)).sum::<u64>();
+//! while acked() < 100 && Instant::now() < deadline {
+//!     std::thread::sleep(Duration::from_millis(5));
+//! }
+//! assert_eq!(acked(), 100);
+//! cluster.shutdown(Duration::from_secs(1));
+//! # Ok::<(), worker::Error>(())
+//! ```
+
+pub mod acker;
+pub mod builtin;
+pub mod cli;
+pub mod collector;
+pub mod component;
+pub mod config;
+pub mod error;
+mod executor;
+pub mod flux;
+pub mod grouping;
+pub mod layout;
+pub mod process;
+pub mod runtime;
+pub mod stats;
+pub mod topology;
+pub mod transport;
+pub mod tuple;
+
+pub use collector::{BoltCollector, ErrorReport, SpoutCollector};
+pub use component::{Bolt, ComponentError, OutputDeclarer, Spout, TopologyContext};
+pub use config::TopologyConfig;
+pub use error::{Error, Result};
+pub use flux::Registry;
+pub use runtime::{LocalCluster, WorkerRuntime};
+pub use topology::{Grouping, Topology, TopologyBuilder};
+pub use tuple::{Fields, Tuple, Value, Values};

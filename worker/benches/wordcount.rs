@@ -1,0 +1,291 @@
+//! Word count benchmark (BENCHMARKS.md): generator -> split -> fields(word) -> count.
+//!
+//! Prints, for acking off and on, the median of 3 runs of: sentences/s, words/s, words per
+//! CPU-second (user + sys of this process, from /proc/self/stat), and the p50 / p99 complete
+//! latency at about half of the measured maximum rate (acking on). Not a timed test.
+//!
+//! Then the same with two worker processes (this binary re-executed as children, connected
+//! over loopback TCP): spout, split and acker in one, count in the other, so every word crosses
+//! a serialised hop (and every ack crosses back); CPU is both children's user + sys.
+//!
+//! `cargo bench -p worker --bench wordcount [-- <sentences>]` (default 2,000,000).
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use cluster_state::ids::{SupervisorId, TopologyId, TopologyName, WorkerSlot};
+use cluster_state::znode::{Assignment, ExecutorAssignment};
+use worker::builtin::{
+    SENTENCE_COUNT, SentenceParams, SentenceSpout, SplitSentence, WordCount, WordCountParams,
+    reference_corpus,
+};
+use worker::layout::{TaskLayout, plan_worker};
+use worker::process::StaticWorker;
+use worker::{LocalCluster, TopologyBuilder, TopologyConfig};
+
+/// Linux's USER_HZ: the unit of utime / stime in /proc/<pid>/stat.
+const CLOCK_TICKS_PER_SEC: f64 = 100.0;
+
+fn cpu_secs() -> f64 {
+    cpu_secs_of("self")
+}
+
+fn cpu_secs_of(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command (which may contain spaces) start after the last ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line, i.e. 11 and 12 after ')'.
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / CLOCK_TICKS_PER_SEC
+}
+
+fn words_in(items: u64) -> u64 {
+    let corpus = reference_corpus();
+    (0..items).map(|i| corpus[(i % SENTENCE_COUNT as u64) as usize].split(' ').count() as u64).sum()
+}
+
+struct Run {
+    secs: f64,
+    cpu: f64,
+    sentences: u64,
+    words: u64,
+    p50_us: u64,
+    p99_us: u64,
+}
+
+fn topology(acking: bool, count: Option<u64>, rate: Option<f64>) -> worker::Topology {
+    let config = TopologyConfig {
+        acker_executors: Some(u32::from(acking)),
+        max_spout_pending: acking.then_some(20_000),
+        ..TopologyConfig::default()
+    };
+    let mut b = TopologyBuilder::new("wordcount");
+    b.config(config);
+    b.set_spout("sentences", 1, move || {
+        SentenceSpout::new(SentenceParams { count, rate_per_sec: rate, ..SentenceParams::default() })
+    });
+    b.set_bolt("split", 1, || SplitSentence).shuffle_grouping("sentences");
+    b.set_bolt("count", 1, || WordCount::new(WordCountParams { emit: false }))
+        .fields_grouping("split", ["word"]);
+    match b.build() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("bad benchmark topology: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn counted(cluster: &LocalCluster, component: &str) -> u64 {
+    cluster.runtime().component_stats(component).iter().map(|s| s.acked.load(Ordering::Relaxed)).sum()
+}
+
+fn run(acking: bool, items: u64) -> Option<Run> {
+    let words = words_in(items);
+    let cpu0 = cpu_secs();
+    let t0 = Instant::now();
+    let cluster = LocalCluster::start(topology(acking, Some(items), None)).ok()?;
+    let deadline = t0 + Duration::from_secs(300);
+    while counted(&cluster, "count") < words && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = cpu_secs() - cpu0;
+    let done = counted(&cluster, "count");
+    cluster.shutdown(Duration::from_secs(5));
+    (done == words).then_some(Run { secs, cpu, sentences: items, words, p50_us: 0, p99_us: 0 })
+}
+
+fn latency_run(rate: f64, secs: u64) -> Option<Run> {
+    let cluster = LocalCluster::start(topology(true, None, Some(rate))).ok()?;
+    // Warm up one second, then measure a clean window.
+    std::thread::sleep(Duration::from_secs(1));
+    let spout = cluster.runtime().component_stats("sentences");
+    spout.iter().for_each(|s| s.reset_complete_histogram());
+    let (c0, t0) = (cpu_secs(), Instant::now());
+    let a0: u64 = spout.iter().map(|s| s.acked.load(Ordering::Relaxed)).sum();
+    std::thread::sleep(Duration::from_secs(secs));
+    let a1: u64 = spout.iter().map(|s| s.acked.load(Ordering::Relaxed)).sum();
+    let (p50, p99, _) = spout.first()?.complete_percentiles_us();
+    let run = Run {
+        secs: t0.elapsed().as_secs_f64(),
+        cpu: cpu_secs() - c0,
+        sentences: a1 - a0,
+        words: 0,
+        p50_us: p50,
+        p99_us: p99,
+    };
+    cluster.shutdown(Duration::from_secs(5));
+    Some(run)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Child mode: `--child <a|b> <port a> <port b> <items> <acking 0|1>`.
+fn child(args: &[String]) -> Option<()> {
+    let role = args.first()?.as_str();
+    let (port_a, port_b): (u16, u16) = (args.get(1)?.parse().ok()?, args.get(2)?.parse().ok()?);
+    let items: u64 = args.get(3)?.parse().ok()?;
+    let acking = args.get(4)? == "1";
+    let topology = Arc::new(topology(acking, Some(items), None));
+    let layout = Arc::new(TaskLayout::compute(&topology.component_parallelism()));
+    let node = SupervisorId::new("bench").ok()?;
+    let slot_a = WorkerSlot { node: node.clone(), port: port_a };
+    let slot_b = WorkerSlot { node: node.clone(), port: port_b };
+    let executors = layout
+        .executors
+        .iter()
+        .map(|(e, c)| ExecutorAssignment {
+            executor: *e,
+            node: node.clone(),
+            port: if c.as_str() == "count" { port_b } else { port_a },
+            start_time_secs: 0,
+        })
+        .collect();
+    let assignment = Assignment {
+        master_code_dir: String::new(),
+        node_host: [(node, "127.0.0.1".to_owned())].into(),
+        executors,
+    };
+    let slot = if role == "a" { slot_a } else { slot_b };
+    let plan = plan_worker(&layout, &assignment, &slot).ok()?;
+    let id = TopologyId::new(&TopologyName::new("wordcount").ok()?, 1, 1);
+    let worker = StaticWorker::start(topology, layout, plan, &id, "127.0.0.1", None).ok()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !worker.peers_connected() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    worker.runtime.activate();
+    let mut out = std::io::stdout();
+    if role == "b" {
+        let _ = writeln!(out, "READY");
+        let _ = out.flush();
+        let words = words_in(items);
+        let counted = || {
+            worker
+                .runtime
+                .component_stats("count")
+                .iter()
+                .map(|s| s.acked.load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while counted() < words && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let _ = writeln!(out, "DONE {}", counted());
+        let _ = out.flush();
+    }
+    // Run until the parent closes stdin.
+    let mut sink = String::new();
+    let _ = std::io::stdin().read_line(&mut sink);
+    Some(())
+}
+
+fn two_process_run(acking: bool, items: u64) -> Option<Run> {
+    let exe = std::env::current_exe().ok()?;
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok().map(|a| a.port());
+    let (pa, pb) = (free()?, free()?);
+    let spawn = |role: &str| {
+        Command::new(&exe)
+            .args([
+                "--child",
+                role,
+                &pa.to_string(),
+                &pb.to_string(),
+                &items.to_string(),
+                if acking { "1" } else { "0" },
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .ok()
+    };
+    let mut b = spawn("b")?;
+    let mut a = spawn("a")?;
+    let mut lines = BufReader::new(b.stdout.take()?).lines();
+    let cpu = |a: &Child, b: &Child| cpu_secs_of(&a.id().to_string()) + cpu_secs_of(&b.id().to_string());
+    let ready = lines.next()?.ok()?;
+    let (t0, c0) = (Instant::now(), cpu(&a, &b));
+    let done = lines.next()?.ok()?;
+    let (secs, used) = (t0.elapsed().as_secs_f64(), cpu(&a, &b) - c0);
+    for child in [&mut a, &mut b] {
+        drop(child.stdin.take());
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let words = words_in(items);
+    (ready == "READY" && done == format!("DONE {words}")).then_some(Run {
+        secs,
+        cpu: used,
+        sentences: items,
+        words,
+        p50_us: 0,
+        p99_us: 0,
+    })
+}
+
+fn report(label: &str, runs: &[Run]) -> f64 {
+    let sps = median(runs.iter().map(|r| r.sentences as f64 / r.secs).collect());
+    let wps = median(runs.iter().map(|r| r.words as f64 / r.secs).collect());
+    let wpc = median(runs.iter().map(|r| r.words as f64 / r.cpu.max(1e-9)).collect());
+    let tpc = median(runs.iter().map(|r| (r.words + r.sentences) as f64 / r.cpu.max(1e-9)).collect());
+    let cores = median(runs.iter().map(|r| r.cpu / r.secs).collect());
+    println!(
+        "{label}: {sps:>10.0} sentences/s  {wps:>11.0} words/s  {wpc:>11.0} words/CPU-s  {tpc:>11.0} tuples/CPU-s  ({cores:.2} cores busy)"
+    );
+    sps
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(i) = args.iter().position(|a| a == "--child") {
+        if child(&args[i + 1..]).is_none() {
+            std::process::exit(2);
+        }
+        return;
+    }
+    let items: u64 = args.iter().find_map(|a| a.parse().ok()).unwrap_or(2_000_000);
+    println!("word count, one worker in-process, {items} sentences, median of 3 runs");
+    let mut max_rate = 0.0;
+    for acking in [false, true] {
+        let runs: Vec<Run> = (0..3).filter_map(|_| run(acking, items)).collect();
+        if runs.len() < 3 {
+            println!("acking {}: a run did not finish", if acking { "on" } else { "off" });
+            continue;
+        }
+        let sps = report(if acking { "acking on " } else { "acking off" }, &runs);
+        if acking {
+            max_rate = sps;
+        }
+    }
+    if max_rate > 0.0 {
+        let rate = max_rate / 2.0;
+        let runs: Vec<Run> = (0..3).filter_map(|_| latency_run(rate, 3)).collect();
+        let p50 = median(runs.iter().map(|r| r.p50_us as f64).collect());
+        let p99 = median(runs.iter().map(|r| r.p99_us as f64).collect());
+        let got = median(runs.iter().map(|r| r.sentences as f64 / r.secs).collect());
+        let spc = median(runs.iter().map(|r| r.sentences as f64 / r.cpu.max(1e-9)).collect());
+        println!(
+            "half load (acking on, target {rate:.0} sentences/s, got {got:.0}): complete latency p50 {p50:.0} us, p99 {p99:.0} us, {spc:.0} sentences/CPU-s"
+        );
+    }
+    println!(
+        "word count, two worker processes over loopback TCP (count in the second), {items} sentences, median of 3 runs"
+    );
+    for acking in [false, true] {
+        let runs: Vec<Run> = (0..3).filter_map(|_| two_process_run(acking, items)).collect();
+        if runs.len() < 3 {
+            println!("acking {}: a run did not finish", if acking { "on" } else { "off" });
+            continue;
+        }
+        report(if acking { "acking on " } else { "acking off" }, &runs);
+    }
+}

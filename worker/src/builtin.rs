@@ -1,0 +1,403 @@
+//! Built-in components: the benchmark's sentence generator, word split, word count, a filter,
+//! and log / stdout sinks. Registered under the names in [`crate::flux::Registry::with_builtins`].
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::io::Write;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use serde::Deserialize;
+
+use crate::collector::{BoltCollector, SpoutCollector};
+use crate::component::{Bolt, ComponentError, OutputDeclarer, Spout, TopologyContext};
+use crate::tuple::{Fields, Tuple, Value};
+
+/// The reference corpus's 32 words, in order (BENCHMARKS.md).
+pub const WORDS: [&str; 32] = [
+    "the",
+    "cow",
+    "jumped",
+    "over",
+    "moon",
+    "an",
+    "apple",
+    "a",
+    "day",
+    "keeps",
+    "doctor",
+    "away",
+    "four",
+    "score",
+    "and",
+    "seven",
+    "years",
+    "ago",
+    "snow",
+    "white",
+    "dwarfs",
+    "i",
+    "am",
+    "at",
+    "two",
+    "with",
+    "nature",
+    "stream",
+    "processing",
+    "storm",
+    "squall",
+    "tuple",
+];
+/// Sentences in the reference corpus.
+pub const SENTENCE_COUNT: usize = 1024;
+const LCG_A: u64 = 6364136223846793005;
+const LCG_C: u64 = 1442695040888963407;
+const MAX_SENTENCE_BYTES: usize = 100;
+/// The most a rate-limited generator emits at once after a pause.
+const MAX_BURST: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Reference sentence `k` (BENCHMARKS.md): a 64-bit LCG seeded with `k` picks words until the
+/// next one would take the sentence past 100 bytes.
+pub fn reference_sentence(k: u64) -> String {
+    let mut x = k.wrapping_mul(LCG_A).wrapping_add(LCG_C);
+    let mut s = String::with_capacity(MAX_SENTENCE_BYTES);
+    loop {
+        x = x.wrapping_mul(LCG_A).wrapping_add(LCG_C);
+        let word = WORDS[((x >> 33) % 32) as usize];
+        let extra = if s.is_empty() { word.len() } else { word.len() + 1 };
+        if s.len() + extra > MAX_SENTENCE_BYTES {
+            return s;
+        }
+        if !s.is_empty() {
+            s.push(' ');
+        }
+        s.push_str(word);
+    }
+}
+
+/// The 1024 reference sentences, built once.
+pub fn reference_corpus() -> &'static [Arc<str>] {
+    static CORPUS: OnceLock<Vec<Arc<str>>> = OnceLock::new();
+    CORPUS.get_or_init(|| (0..SENTENCE_COUNT as u64).map(|k| Arc::from(reference_sentence(k))).collect())
+}
+
+/// Parameters of [`SentenceSpout`].
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SentenceParams {
+    /// Sentences per second over all tasks; `null` for as fast as possible.
+    pub rate_per_sec: Option<f64>,
+    /// Sentences to emit over all tasks; `null` for unbounded.
+    pub count: Option<u64>,
+    /// Offset into the corpus: item `i` is sentence `(seed + i) % 1024`.
+    pub seed: u64,
+    /// Emit with message ids (tracked by acking, replayed on failure).
+    pub reliable: bool,
+}
+
+impl Default for SentenceParams {
+    fn default() -> Self {
+        SentenceParams { rate_per_sec: None, count: None, seed: 0, reliable: true }
+    }
+}
+
+/// Emits the reference corpus's stream items on field `sentence`; task `j` of `n` takes items
+/// `j, j+n, ...`. With `reliable`, a failed item is replayed before new ones.
+#[derive(Debug)]
+pub struct SentenceSpout {
+    params: SentenceParams,
+    next_item: u64,
+    step: u64,
+    rate_per_task: Option<f64>,
+    /// When the token bucket was last refilled.
+    started: Option<Instant>,
+    tokens: f64,
+    replay: VecDeque<u64>,
+}
+
+impl SentenceSpout {
+    /// A generator with these parameters.
+    pub fn new(params: SentenceParams) -> Self {
+        SentenceSpout {
+            params,
+            next_item: 0,
+            step: 1,
+            rate_per_task: None,
+            started: None,
+            tokens: 0.0,
+            replay: VecDeque::new(),
+        }
+    }
+}
+
+impl Spout for SentenceSpout {
+    fn declare_outputs(&self, declarer: &mut OutputDeclarer) {
+        declarer.declare(Fields::new(["sentence"]));
+    }
+
+    fn open(&mut self, context: &TopologyContext) -> Result<(), ComponentError> {
+        let n = context.component_tasks.len().max(1) as u64;
+        self.next_item = context.task_index() as u64;
+        self.step = n;
+        self.rate_per_task = self.params.rate_per_sec.map(|r| r / n as f64);
+        Ok(())
+    }
+
+    fn activate(&mut self) {
+        self.started = Some(Instant::now());
+        self.tokens = 0.0;
+    }
+
+    fn next_tuple(&mut self, out: &mut SpoutCollector<'_>) -> Result<(), ComponentError> {
+        if let (Some(rate), Some(last)) = (self.rate_per_task, self.started) {
+            // Token bucket holding at most MAX_BURST worth of tokens: a spout that was not
+            // scheduled for a while does not flood the topology to catch up.
+            let now = Instant::now();
+            let cap = (rate * MAX_BURST.as_secs_f64()).max(1.0);
+            self.tokens = (self.tokens + now.duration_since(last).as_secs_f64() * rate).min(cap);
+            self.started = Some(now);
+            if self.tokens < 1.0 {
+                return Ok(());
+            }
+            self.tokens -= 1.0;
+        }
+        let item = match self.replay.pop_front() {
+            Some(i) => i,
+            None => {
+                if self.params.count.is_some_and(|c| self.next_item >= c) {
+                    return Ok(());
+                }
+                let i = self.next_item;
+                self.next_item += self.step;
+                i
+            }
+        };
+        let corpus = reference_corpus();
+        let sentence =
+            corpus[((self.params.seed.wrapping_add(item)) % SENTENCE_COUNT as u64) as usize].clone();
+        out.emit(vec![Value::Str(sentence)], self.params.reliable.then_some(item))?;
+        Ok(())
+    }
+
+    fn fail(&mut self, msg_id: u64) {
+        self.replay.push_back(msg_id);
+    }
+}
+
+/// Splits field 0 (a sentence) on spaces into `word` tuples, anchored, then acks.
+#[derive(Debug, Default)]
+pub struct SplitSentence;
+
+impl Bolt for SplitSentence {
+    fn declare_outputs(&self, declarer: &mut OutputDeclarer) {
+        declarer.declare(Fields::new(["word"]));
+    }
+
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        if let Some(sentence) = input.get_str(0) {
+            for word in sentence.split(' ').filter(|w| !w.is_empty()) {
+                out.emit(&[input], vec![Value::from(word)])?;
+            }
+        }
+        out.ack(input);
+        Ok(())
+    }
+}
+
+/// Parameters of [`WordCount`].
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WordCountParams {
+    /// Emit `(word, count)` after each update.
+    pub emit: bool,
+}
+
+impl Default for WordCountParams {
+    fn default() -> Self {
+        WordCountParams { emit: true }
+    }
+}
+
+/// FNV-1a: a fast hasher for short keys such as words (SipHash's DoS resistance is not needed
+/// for a per-task count of a topology's own data, and costs a fifth of the count bolt's time).
+#[derive(Debug, Clone, Copy)]
+pub struct FnvHasher(u64);
+
+impl Default for FnvHasher {
+    fn default() -> Self {
+        FnvHasher(crate::tuple::HASH_SEED)
+    }
+}
+
+impl Hasher for FnvHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
+/// Running count per word (field 0); emits `(word, count)` anchored when `emit`, then acks.
+#[derive(Debug, Default)]
+pub struct WordCount {
+    params: WordCountParams,
+    counts: HashMap<Arc<str>, i64, BuildHasherDefault<FnvHasher>>,
+}
+
+impl WordCount {
+    /// A counter with these parameters.
+    pub fn new(params: WordCountParams) -> Self {
+        WordCount { params, counts: HashMap::default() }
+    }
+
+    /// The count of `word` so far.
+    pub fn count(&self, word: &str) -> i64 {
+        self.counts.get(word).copied().unwrap_or(0)
+    }
+}
+
+impl Bolt for WordCount {
+    fn declare_outputs(&self, declarer: &mut OutputDeclarer) {
+        declarer.declare(Fields::new(["word", "count"]));
+    }
+
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        if let Some(Value::Str(word)) = input.get(0) {
+            let count = match self.counts.get_mut(&**word) {
+                Some(c) => {
+                    *c += 1;
+                    *c
+                }
+                None => {
+                    self.counts.insert(word.clone(), 1);
+                    1
+                }
+            };
+            if self.params.emit {
+                out.emit(&[input], vec![Value::Str(word.clone()), Value::Int(count)])?;
+            }
+        }
+        out.ack(input);
+        Ok(())
+    }
+}
+
+/// Parameters of [`Filter`].
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct FilterParams {
+    /// The input's fields, re-declared as this bolt's output fields.
+    pub fields: Vec<String>,
+    /// The field tested.
+    pub field: String,
+    /// Keep tuples whose field equals this text or number.
+    pub equals: Option<serde_yaml_ng::Value>,
+    /// Keep tuples whose (text) field contains this.
+    pub contains: Option<String>,
+    /// Keep tuples whose (numeric) field is at least this.
+    pub min: Option<f64>,
+    /// Invert the test.
+    pub negate: bool,
+}
+
+/// Passes on (anchored) the tuples that satisfy a test on one field, acks all.
+#[derive(Debug)]
+pub struct Filter {
+    params: FilterParams,
+}
+
+impl Filter {
+    /// Checks that the tested field is declared.
+    pub fn new(params: FilterParams) -> Result<Self, String> {
+        if !params.fields.contains(&params.field) {
+            return Err(format!("field {:?} is not among fields {:?}", params.field, params.fields));
+        }
+        Ok(Filter { params })
+    }
+
+    fn keep(&self, v: Option<&Value>) -> bool {
+        let p = &self.params;
+        let mut ok = true;
+        if let Some(want) = &p.equals {
+            ok &= match (v, want) {
+                (Some(Value::Str(s)), serde_yaml_ng::Value::String(w)) => &**s == w.as_str(),
+                (Some(Value::Int(i)), serde_yaml_ng::Value::Number(n)) => n.as_i64() == Some(*i),
+                (Some(Value::Float(f)), serde_yaml_ng::Value::Number(n)) => n.as_f64() == Some(*f),
+                (Some(Value::Bool(b)), serde_yaml_ng::Value::Bool(w)) => b == w,
+                _ => false,
+            };
+        }
+        if let Some(sub) = &p.contains {
+            ok &= v.and_then(Value::as_str).is_some_and(|s| s.contains(sub.as_str()));
+        }
+        if let Some(min) = p.min {
+            ok &= v.and_then(Value::as_float).is_some_and(|x| x >= min);
+        }
+        ok != p.negate
+    }
+}
+
+impl Bolt for Filter {
+    fn declare_outputs(&self, declarer: &mut OutputDeclarer) {
+        declarer.declare(Fields::new(self.params.fields.iter().cloned()));
+    }
+
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        if self.keep(input.get_by_field(&self.params.field)) {
+            out.emit(&[input], input.values().to_vec())?;
+        }
+        out.ack(input);
+        Ok(())
+    }
+}
+
+/// Logs every tuple at `info` through `tracing`, then acks.
+#[derive(Debug, Default)]
+pub struct LogSink;
+
+impl Bolt for LogSink {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        tracing::info!(component = %input.source_component(), stream = input.source_stream(), values = ?input.values(), "tuple");
+        out.ack(input);
+        Ok(())
+    }
+}
+
+/// Prints every tuple's values, tab-separated, one line each, then acks.
+#[derive(Debug, Default)]
+pub struct StdoutSink;
+
+impl Bolt for StdoutSink {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        let line: Vec<String> = input.values().iter().map(ToString::to_string).collect();
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{}", line.join("\t"))?;
+        out.ack(input);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corpus_matches_the_reference_checks() {
+        assert_eq!(
+            reference_sentence(0),
+            "day ago dwarfs score stream two a the stream seven snow apple storm dwarfs squall keeps snow stream"
+        );
+        let corpus = reference_corpus();
+        assert!(corpus.iter().all(|s| s.len() <= 100));
+        let bytes: usize = corpus.iter().map(|s| s.len()).sum();
+        let words: Vec<usize> = corpus.iter().map(|s| s.split(' ').count()).collect();
+        assert_eq!(bytes, 99_820);
+        assert_eq!(words.iter().sum::<usize>(), 19_354);
+        let items = |n: usize| -> usize { (0..n).map(|i| words[i % SENTENCE_COUNT]).sum() };
+        assert_eq!(items(2_000_000), 37_800_767);
+    }
+}

@@ -1,0 +1,484 @@
+//! The output side of an executor: stream tables, groupings, batching per destination, and
+//! the collectors components emit through.
+//!
+//! Everything here is owned by one executor thread: no locks on the emit path. Tuples are
+//! appended to a per-destination batch (another executor's queue, or a peer worker's
+//! connection) and handed over when the batch is full or the executor runs out of input.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use cluster_state::ids::{ComponentId, TaskId};
+use crossbeam_channel::Sender;
+
+/// Where components' errors go (drained by the worker's error reporter).
+pub(crate) type ErrorSender = tokio::sync::mpsc::Sender<ErrorReport>;
+
+use crate::acker::{AckMsg, RotatingMap};
+use crate::error::Error;
+use crate::grouping::{Chooser, SplitMix64};
+use crate::stats::ExecStats;
+use crate::tuple::{Anchor, Anchors, StreamMeta, Tuple, Values};
+
+/// What travels between executors (and, encoded, between workers).
+#[derive(Debug, Clone)]
+pub(crate) enum Envelope {
+    /// A tuple for task `task`.
+    Tuple { task: TaskId, tuple: Tuple },
+    /// An acking message for task `task` (an acker, or a spout for `Done`).
+    Ack { task: TaskId, msg: AckMsg },
+}
+
+impl Envelope {
+    pub(crate) fn task(&self) -> TaskId {
+        match self {
+            Envelope::Tuple { task, .. } | Envelope::Ack { task, .. } => *task,
+        }
+    }
+}
+
+/// A batch of envelopes: the unit of every queue.
+pub(crate) type Batch = Vec<Envelope>;
+
+/// Where each task's envelopes go, from one worker.
+#[derive(Debug, Default)]
+pub(crate) struct Routes {
+    /// Destination index per task id (index 0 unused); `u32::MAX` for unassigned tasks.
+    pub(crate) dest_of_task: Vec<u32>,
+    /// Destination queues: local executors' inboxes and peer workers' send queues.
+    pub(crate) dests: Vec<Sender<Batch>>,
+}
+
+/// Routes that the worker may replace when the assignment changes; executors pick up a new
+/// version between batches.
+#[derive(Debug, Default)]
+pub(crate) struct SharedRoutes {
+    version: AtomicU64,
+    routes: RwLock<Arc<Routes>>,
+}
+
+impl SharedRoutes {
+    pub(crate) fn new(routes: Routes) -> Arc<Self> {
+        Arc::new(SharedRoutes { version: AtomicU64::new(1), routes: RwLock::new(Arc::new(routes)) })
+    }
+
+    pub(crate) fn replace(&self, routes: Routes) {
+        let mut guard = self.routes.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *guard = Arc::new(routes);
+        self.version.fetch_add(1, Ordering::Release);
+    }
+
+    fn load(&self) -> (u64, Arc<Routes>) {
+        let version = self.version.load(Ordering::Acquire);
+        let routes = self.routes.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        (version, routes)
+    }
+}
+
+/// One subscriber of a stream.
+#[derive(Debug)]
+pub(crate) struct Subscriber {
+    pub(crate) chooser: Chooser,
+}
+
+/// One declared output stream of the executor's component.
+#[derive(Debug)]
+pub(crate) struct OutStream {
+    pub(crate) meta: Arc<StreamMeta>,
+    pub(crate) subscribers: Vec<Subscriber>,
+}
+
+/// An error a component reported, on its way to `/storm/errors`.
+#[derive(Debug, Clone)]
+pub struct ErrorReport {
+    pub component: ComponentId,
+    pub task: TaskId,
+    pub error: String,
+}
+
+/// The executor's output machinery.
+#[derive(Debug)]
+pub(crate) struct Emitter {
+    pub(crate) component: ComponentId,
+    pub(crate) task: TaskId,
+    streams: Vec<OutStream>,
+    shared: Arc<SharedRoutes>,
+    version: u64,
+    routes: Arc<Routes>,
+    bufs: Vec<Batch>,
+    batch_size: usize,
+    /// Acker tasks; empty when acking is off.
+    pub(crate) ackers: Vec<TaskId>,
+    pub(crate) rng: SplitMix64,
+    targets: Vec<TaskId>,
+    errors: Option<ErrorSender>,
+    pub(crate) stats: Arc<ExecStats>,
+    pub(crate) emitted: u64,
+    pub(crate) transferred: u64,
+}
+
+impl Emitter {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        component: ComponentId,
+        task: TaskId,
+        streams: Vec<OutStream>,
+        shared: Arc<SharedRoutes>,
+        batch_size: usize,
+        ackers: Vec<TaskId>,
+        errors: Option<ErrorSender>,
+        stats: Arc<ExecStats>,
+    ) -> Self {
+        let (version, routes) = shared.load();
+        let bufs = (0..routes.dests.len()).map(|_| Vec::with_capacity(batch_size)).collect();
+        Emitter {
+            component,
+            task,
+            streams,
+            shared,
+            version,
+            routes,
+            bufs,
+            batch_size: batch_size.max(1),
+            ackers,
+            rng: SplitMix64::new(
+                0x5eed ^ u64::from(task.0).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ now_nanos(),
+            ),
+            targets: Vec::new(),
+            errors,
+            stats,
+            emitted: 0,
+            transferred: 0,
+        }
+    }
+
+    pub(crate) fn acking(&self) -> bool {
+        !self.ackers.is_empty()
+    }
+
+    fn stream_index(&self, stream: &str) -> Option<usize> {
+        self.streams.iter().position(|s| s.meta.stream == stream)
+    }
+
+    /// Routes one envelope, handing over the destination's batch when it is full.
+    pub(crate) fn send(&mut self, env: Envelope) {
+        let task = env.task().0 as usize;
+        let dest = self.routes.dest_of_task.get(task).copied().unwrap_or(u32::MAX);
+        if dest == u32::MAX {
+            // Task not assigned (yet): dropped like Storm does; acking replays it on timeout.
+            return;
+        }
+        let dest = dest as usize;
+        self.bufs[dest].push(env);
+        if self.bufs[dest].len() >= self.batch_size {
+            self.flush_dest(dest);
+        }
+    }
+
+    fn flush_dest(&mut self, dest: usize) {
+        if self.bufs[dest].is_empty() {
+            return;
+        }
+        let batch = std::mem::replace(&mut self.bufs[dest], Vec::with_capacity(self.batch_size));
+        // A closed queue means its executor or connection is gone (shutdown or reconnect):
+        // drop the batch, acking replays what mattered.
+        let _ = self.routes.dests[dest].send(batch);
+    }
+
+    /// Hands over every partial batch, publishes counters and picks up new routes.
+    pub(crate) fn flush(&mut self) {
+        for dest in 0..self.bufs.len() {
+            self.flush_dest(dest);
+        }
+        if self.emitted > 0 || self.transferred > 0 {
+            self.stats.emitted.fetch_add(self.emitted, Ordering::Relaxed);
+            self.stats.transferred.fetch_add(self.transferred, Ordering::Relaxed);
+            self.emitted = 0;
+            self.transferred = 0;
+        }
+        if self.shared.version.load(Ordering::Acquire) != self.version {
+            let (version, routes) = self.shared.load();
+            self.version = version;
+            self.routes = routes;
+            self.bufs = (0..self.routes.dests.len()).map(|_| Vec::with_capacity(self.batch_size)).collect();
+        }
+    }
+
+    /// Emits `values` on `stream`; `tree` is called once per target with the new tuple's edge
+    /// id and returns its anchors. Returns the number of targets.
+    fn emit_with(
+        &mut self,
+        stream: &str,
+        direct: Option<TaskId>,
+        values: Values,
+        mut anchors_for: impl FnMut(&mut SplitMix64) -> Anchors,
+    ) -> Result<usize, Error> {
+        let Some(si) = self.stream_index(stream) else {
+            return Err(Error::BadEmit {
+                component: self.component.to_string(),
+                stream: stream.to_owned(),
+                reason: "stream not declared".into(),
+            });
+        };
+        let meta = self.streams[si].meta.clone();
+        if values.len() != meta.fields.len() {
+            return Err(Error::BadEmit {
+                component: self.component.to_string(),
+                stream: stream.to_owned(),
+                reason: format!("{} values for {} declared fields", values.len(), meta.fields.len()),
+            });
+        }
+        let mut targets = std::mem::take(&mut self.targets);
+        targets.clear();
+        for sub in &mut self.streams[si].subscribers {
+            match direct {
+                Some(task) => {
+                    if sub.chooser.is_direct() && sub.chooser.has_task(task) {
+                        targets.push(task);
+                    }
+                }
+                None => sub.chooser.choose(&values, &mut targets),
+            }
+        }
+        if direct.is_some() && targets.is_empty() {
+            self.targets = targets;
+            return Err(Error::BadEmit {
+                component: self.component.to_string(),
+                stream: stream.to_owned(),
+                reason: "direct emit to a task that does not subscribe to this stream with direct grouping"
+                    .into(),
+            });
+        }
+        self.emitted += 1;
+        let n = targets.len();
+        let mut values = Some(values);
+        for (i, task) in targets.iter().enumerate() {
+            let anchors = anchors_for(&mut self.rng);
+            let vals = if i + 1 == n {
+                values.take().unwrap_or_default()
+            } else {
+                values.clone().unwrap_or_default()
+            };
+            let tuple = Tuple {
+                values: vals,
+                meta: meta.clone(),
+                source_task: self.task,
+                anchors,
+                ack_val: 0.into(),
+            };
+            self.transferred += 1;
+            self.send(Envelope::Tuple { task: *task, tuple });
+        }
+        self.targets = targets;
+        Ok(n)
+    }
+
+    pub(crate) fn acker_of(&self, root: u64) -> Option<TaskId> {
+        if self.ackers.is_empty() {
+            None
+        } else {
+            Some(self.ackers[(root % self.ackers.len() as u64) as usize])
+        }
+    }
+
+    pub(crate) fn report_error(&mut self, error: String) {
+        tracing::warn!(component = %self.component, task = %self.task, %error, "component error");
+        if let Some(tx) = &self.errors {
+            // Bounded and non-blocking: errors beyond the reporter's pace are dropped here,
+            // as the rate limit would drop them anyway.
+            let _ = tx.try_send(ErrorReport { component: self.component.clone(), task: self.task, error });
+        }
+    }
+}
+
+fn now_nanos() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// A spout tuple waiting for its tree to complete.
+#[derive(Debug)]
+pub(crate) struct PendingTuple {
+    pub(crate) msg_id: u64,
+    pub(crate) task_index: usize,
+    pub(crate) emitted_at: Instant,
+}
+
+/// The spout executor's pending tuples.
+#[derive(Debug)]
+pub(crate) struct SpoutPending {
+    pub(crate) map: RotatingMap<PendingTuple>,
+    pub(crate) per_task: Vec<u32>,
+    /// Message ids acked at once because acking is off or nobody subscribes.
+    pub(crate) acked_now: Vec<(usize, u64)>,
+}
+
+/// What a spout emits through (Storm's `SpoutOutputCollector`).
+#[derive(Debug)]
+pub struct SpoutCollector<'a> {
+    pub(crate) em: &'a mut Emitter,
+    pub(crate) pending: &'a mut SpoutPending,
+    pub(crate) task_index: usize,
+    pub(crate) emitted_any: bool,
+}
+
+impl SpoutCollector<'_> {
+    /// Emits on the default stream; with a `msg_id` the tuple is tracked: `ack` or `fail` of
+    /// the spout is called with it when its tree completes, fails or times out.
+    pub fn emit(&mut self, values: Values, msg_id: Option<u64>) -> Result<usize, Error> {
+        self.emit_inner(crate::tuple::DEFAULT_STREAM, None, values, msg_id)
+    }
+
+    /// Emits on `stream`.
+    pub fn emit_stream(&mut self, stream: &str, values: Values, msg_id: Option<u64>) -> Result<usize, Error> {
+        self.emit_inner(stream, None, values, msg_id)
+    }
+
+    /// Emits on `stream` to `task`, which must subscribe with direct grouping.
+    pub fn emit_direct(
+        &mut self,
+        task: TaskId,
+        stream: &str,
+        values: Values,
+        msg_id: Option<u64>,
+    ) -> Result<usize, Error> {
+        self.emit_inner(stream, Some(task), values, msg_id)
+    }
+
+    /// Reports an error to `/storm/errors` (rate-limited).
+    pub fn report_error(&mut self, error: impl std::fmt::Display) {
+        self.em.report_error(error.to_string());
+    }
+
+    /// This task.
+    pub fn task(&self) -> TaskId {
+        self.em.task
+    }
+
+    fn emit_inner(
+        &mut self,
+        stream: &str,
+        direct: Option<TaskId>,
+        values: Values,
+        msg_id: Option<u64>,
+    ) -> Result<usize, Error> {
+        self.emitted_any = true;
+        let tracked = msg_id.is_some() && self.em.acking();
+        if !tracked {
+            let n = self.em.emit_with(stream, direct, values, |_| Anchors::None)?;
+            if let Some(id) = msg_id {
+                self.pending.acked_now.push((self.task_index, id));
+            }
+            return Ok(n);
+        }
+        let root = self.em.rng.next_id();
+        let mut val = 0u64;
+        let n = self.em.emit_with(stream, direct, values, |rng| {
+            let edge = rng.next_id();
+            val ^= edge;
+            Anchors::One(Anchor { root, edge })
+        })?;
+        if let Some(id) = msg_id {
+            if n == 0 {
+                self.pending.acked_now.push((self.task_index, id));
+            } else if let Some(acker) = self.em.acker_of(root) {
+                let spout_task = self.em.task;
+                self.em.send(Envelope::Ack { task: acker, msg: AckMsg::Init { root, val, spout_task } });
+                self.pending.map.insert(
+                    root,
+                    PendingTuple { msg_id: id, task_index: self.task_index, emitted_at: Instant::now() },
+                );
+                self.pending.per_task[self.task_index] += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// What a bolt emits, acks and fails through (Storm's `OutputCollector`).
+#[derive(Debug)]
+pub struct BoltCollector<'a> {
+    pub(crate) em: &'a mut Emitter,
+    pub(crate) acked: u64,
+    pub(crate) failed: u64,
+}
+
+impl BoltCollector<'_> {
+    /// Emits on the default stream, anchored to `anchors` (empty: unanchored).
+    pub fn emit(&mut self, anchors: &[&Tuple], values: Values) -> Result<usize, Error> {
+        self.emit_inner(crate::tuple::DEFAULT_STREAM, None, anchors, values)
+    }
+
+    /// Emits on `stream`, anchored to `anchors`.
+    pub fn emit_stream(&mut self, stream: &str, anchors: &[&Tuple], values: Values) -> Result<usize, Error> {
+        self.emit_inner(stream, None, anchors, values)
+    }
+
+    /// Emits on `stream` to `task`, which must subscribe with direct grouping.
+    pub fn emit_direct(
+        &mut self,
+        task: TaskId,
+        stream: &str,
+        anchors: &[&Tuple],
+        values: Values,
+    ) -> Result<usize, Error> {
+        self.emit_inner(stream, Some(task), anchors, values)
+    }
+
+    fn emit_inner(
+        &mut self,
+        stream: &str,
+        direct: Option<TaskId>,
+        anchors: &[&Tuple],
+        values: Values,
+    ) -> Result<usize, Error> {
+        if !self.em.acking() || anchors.iter().all(|a| a.anchors.is_empty()) {
+            return self.em.emit_with(stream, direct, values, |_| Anchors::None);
+        }
+        self.em.emit_with(stream, direct, values, |rng| {
+            let edge = rng.next_id();
+            let mut out = Anchors::None;
+            for a in anchors {
+                a.ack_val.xor(edge);
+                for anchor in a.anchors.as_slice() {
+                    out.xor_edge(anchor.root, edge);
+                }
+            }
+            out
+        })
+    }
+
+    /// Acks `input`: its part of every tree it belongs to is done.
+    pub fn ack(&mut self, input: &Tuple) {
+        self.acked += 1;
+        let val = input.ack_val.get();
+        for anchor in input.anchors.as_slice() {
+            if let Some(acker) = self.em.acker_of(anchor.root) {
+                self.em.send(Envelope::Ack {
+                    task: acker,
+                    msg: AckMsg::Ack { root: anchor.root, val: anchor.edge ^ val },
+                });
+            }
+        }
+    }
+
+    /// Fails `input`: every tree it belongs to fails at once (the spouts replay).
+    pub fn fail(&mut self, input: &Tuple) {
+        self.failed += 1;
+        for anchor in input.anchors.as_slice() {
+            if let Some(acker) = self.em.acker_of(anchor.root) {
+                self.em.send(Envelope::Ack { task: acker, msg: AckMsg::Fail { root: anchor.root } });
+            }
+        }
+    }
+
+    /// Reports an error to `/storm/errors` (rate-limited).
+    pub fn report_error(&mut self, error: impl std::fmt::Display) {
+        self.em.report_error(error.to_string());
+    }
+
+    /// This task.
+    pub fn task(&self) -> TaskId {
+        self.em.task
+    }
+}

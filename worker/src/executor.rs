@@ -1,0 +1,518 @@
+//! Executors: one OS thread each, running the tasks `[start end]` of one component.
+//!
+//! Inbound queues hold batches. A bolt's queue is bounded (`topology.executor.receive.buffer.size`
+//! tuples), so a slow bolt blocks its senders and, through them, the spouts: backpressure
+//! instead of memory growth. Spout and acker queues carry only acking messages and are
+//! unbounded: acking traffic is bounded by the pending tuples (`topology.max.spout.pending`), and
+//! keeping it unbounded means a cycle spout -> bolt -> acker -> spout can never deadlock.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use cluster_state::ids::{ComponentId, ExecutorId, TaskId};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use hdrhistogram::Histogram;
+use tokio_util::sync::CancellationToken;
+
+use crate::acker::{AckLedger, AckMsg, RotatingMap};
+use crate::collector::{
+    Batch, BoltCollector, Emitter, Envelope, ErrorSender, OutStream, SharedRoutes, SpoutCollector,
+    SpoutPending, Subscriber,
+};
+use crate::component::{Bolt, Spout, TopologyContext};
+use crate::error::{Error, Result};
+use crate::grouping::Chooser;
+use crate::layout::TaskLayout;
+use crate::stats::{ExecStats, SAMPLE_EVERY};
+use crate::topology::{ACKER_COMPONENT, ComponentKind, Topology};
+use crate::tuple::{Anchors, Fields, SYSTEM_COMPONENT, StreamMeta, TICK_STREAM, Tuple, Value};
+
+/// How often an idle executor looks at its cancellation token.
+const IDLE_POLL: Duration = Duration::from_millis(50);
+/// How often a spout publishes its complete-latency histogram.
+const HIST_PUBLISH: Duration = Duration::from_millis(100);
+
+/// Every stream of the topology with its index (the same in every worker: components sorted
+/// by id, streams in declaration order) and its subscribers.
+#[derive(Debug, Default)]
+pub(crate) struct StreamTable {
+    pub(crate) metas: Vec<Arc<StreamMeta>>,
+    by_key: BTreeMap<(ComponentId, String), usize>,
+}
+
+impl StreamTable {
+    pub(crate) fn new(topology: &Topology) -> Self {
+        let mut table = StreamTable::default();
+        for spec in topology.components().values() {
+            for (stream, fields) in &spec.outputs {
+                let index = table.metas.len();
+                table.metas.push(Arc::new(StreamMeta {
+                    component: spec.id.clone(),
+                    stream: stream.clone(),
+                    fields: fields.clone(),
+                    index: index as u32,
+                }));
+                table.by_key.insert((spec.id.clone(), stream.clone()), index);
+            }
+        }
+        table
+    }
+
+    pub(crate) fn get(&self, component: &ComponentId, stream: &str) -> Option<&Arc<StreamMeta>> {
+        self.by_key.get(&(component.clone(), stream.to_owned())).map(|i| &self.metas[*i])
+    }
+}
+
+/// Output streams of `component`, with one chooser per subscriber.
+pub(crate) fn out_streams(
+    topology: &Topology,
+    layout: &TaskLayout,
+    table: &StreamTable,
+    component: &ComponentId,
+    local_tasks: &BTreeSet<TaskId>,
+    seed: u64,
+) -> Vec<OutStream> {
+    let Some(spec) = topology.components().get(component) else { return Vec::new() };
+    spec.outputs
+        .iter()
+        .filter_map(|(stream, fields)| {
+            let meta = table.get(component, stream)?.clone();
+            let subscribers = topology
+                .components()
+                .values()
+                .flat_map(|sub| sub.inputs.iter().map(move |i| (sub, i)))
+                .filter(|(_, i)| i.from == component.as_str() && &i.stream == stream)
+                .map(|(sub, i)| {
+                    let tasks = layout.component_tasks.get(&sub.id).cloned().unwrap_or_default();
+                    Subscriber { chooser: Chooser::new(&i.grouping, fields, &tasks, local_tasks, seed) }
+                })
+                .collect();
+            Some(OutStream { meta, subscribers })
+        })
+        .collect()
+}
+
+/// What every executor of a worker shares.
+#[derive(Debug, Clone)]
+pub(crate) struct Shared {
+    pub(crate) topology: Arc<Topology>,
+    pub(crate) layout: Arc<TaskLayout>,
+    pub(crate) table: Arc<StreamTable>,
+    pub(crate) routes: Arc<SharedRoutes>,
+    pub(crate) errors: Option<ErrorSender>,
+    pub(crate) active: Arc<AtomicBool>,
+    pub(crate) cancel: CancellationToken,
+}
+
+/// A started executor.
+#[derive(Debug)]
+pub(crate) struct RunningExecutor {
+    pub(crate) id: ExecutorId,
+    pub(crate) component: ComponentId,
+    pub(crate) stats: Arc<ExecStats>,
+    pub(crate) thread: Option<JoinHandle<()>>,
+    pub(crate) is_spout: bool,
+}
+
+/// The inbound queue of an executor of `component`: bounded for bolts, unbounded otherwise.
+pub(crate) fn inbox(topology: &Topology, component: &ComponentId) -> (Sender<Batch>, Receiver<Batch>) {
+    match topology.components().get(component) {
+        Some(spec) if !spec.is_spout() => crossbeam_channel::bounded(topology.config().queue_batches()),
+        _ => crossbeam_channel::unbounded(),
+    }
+}
+
+/// Starts the executor `id` of `component` on its own thread.
+pub(crate) fn spawn(
+    shared: &Shared,
+    id: ExecutorId,
+    component: ComponentId,
+    inbox: Receiver<Batch>,
+    local_tasks: &BTreeSet<TaskId>,
+) -> Result<RunningExecutor> {
+    let stats = Arc::new(ExecStats::new(id));
+    let tasks: Vec<TaskId> = id.tasks().collect();
+    let streams = out_streams(
+        &shared.topology,
+        &shared.layout,
+        &shared.table,
+        &component,
+        local_tasks,
+        u64::from(id.start_task().0),
+    );
+    let ackers = if shared.topology.config().effective_acker_executors() > 0 {
+        ComponentId::new(ACKER_COMPONENT)
+            .ok()
+            .and_then(|a| shared.layout.component_tasks.get(&a).cloned())
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let batch_size = shared.topology.config().producer_batch_size as usize;
+    let emitter = Emitter::new(
+        component.clone(),
+        id.start_task(),
+        streams,
+        shared.routes.clone(),
+        batch_size,
+        ackers,
+        shared.errors.clone(),
+        stats.clone(),
+    );
+    let ctx = |task: TaskId| TopologyContext {
+        topology_name: shared.topology.name().to_owned(),
+        component_id: component.clone(),
+        task_id: task,
+        component_tasks: shared.layout.component_tasks.get(&component).cloned().unwrap_or_default(),
+        config: shared.topology.config().clone(),
+    };
+    let contexts: Vec<TopologyContext> = tasks.iter().map(|t| ctx(*t)).collect();
+    let shared2 = shared.clone();
+    let name = format!("{component}-{}", id.start_task());
+    let builder = std::thread::Builder::new().name(name);
+    let spec = shared.topology.components().get(&component);
+    let (thread, is_spout) = match spec.map(|s| s.kind.clone()) {
+        Some(ComponentKind::Spout(factory)) => {
+            let spouts: Vec<Box<dyn Spout>> = tasks.iter().map(|_| factory()).collect();
+            let st = stats.clone();
+            (builder.spawn(move || run_spout(shared2, emitter, inbox, spouts, contexts, st)), true)
+        }
+        Some(ComponentKind::Bolt(factory)) => {
+            let bolts: Vec<Box<dyn Bolt>> = tasks.iter().map(|_| factory()).collect();
+            let st = stats.clone();
+            (builder.spawn(move || run_bolt(shared2, emitter, inbox, bolts, contexts, st)), false)
+        }
+        None if component.as_str() == ACKER_COMPONENT => {
+            let st = stats.clone();
+            (builder.spawn(move || run_acker(shared2, emitter, inbox, st)), false)
+        }
+        None => {
+            return Err(Error::Executor {
+                executor: id.to_string(),
+                reason: format!("unknown component {component}"),
+            });
+        }
+    };
+    let thread = thread.map_err(|e| Error::Executor { executor: id.to_string(), reason: e.to_string() })?;
+    Ok(RunningExecutor { id, component, stats, thread: Some(thread), is_spout })
+}
+
+fn report_start_failure(em: &mut Emitter, ctx: &TopologyContext, reason: String) {
+    let err = Error::ComponentStart { component: ctx.component_id.to_string(), task: ctx.task_id.0, reason };
+    em.report_error(err.to_string());
+    em.flush();
+}
+
+fn run_spout(
+    shared: Shared,
+    mut em: Emitter,
+    inbox: Receiver<Batch>,
+    mut spouts: Vec<Box<dyn Spout>>,
+    contexts: Vec<TopologyContext>,
+    stats: Arc<ExecStats>,
+) {
+    for (spout, ctx) in spouts.iter_mut().zip(&contexts) {
+        if let Err(e) = spout.open(ctx) {
+            report_start_failure(&mut em, ctx, e.to_string());
+            return;
+        }
+    }
+    let config = shared.topology.config().clone();
+    let mut pending =
+        SpoutPending { map: RotatingMap::new(3), per_task: vec![0; spouts.len()], acked_now: Vec::new() };
+    let rotate_every = Duration::from_millis(config.message_timeout_secs.saturating_mul(1000) / 2)
+        .max(Duration::from_millis(1));
+    let mut next_rotate = Instant::now() + rotate_every;
+    let wait = Duration::from_millis(config.spout_wait_ms);
+    let batch = config.producer_batch_size as usize;
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 2).ok();
+    let mut lat = LatencyAcc::default();
+    let mut last_publish = Instant::now();
+    let mut was_active = false;
+    let mut acked = 0u64;
+    let mut failed = 0u64;
+
+    loop {
+        if shared.cancel.is_cancelled() {
+            break;
+        }
+        while let Ok(b) = inbox.try_recv() {
+            on_done(&mut spouts, &mut pending, b, &mut lat, &mut hist, (&mut acked, &mut failed));
+        }
+        if config.enable_message_timeouts && Instant::now() >= next_rotate {
+            next_rotate = Instant::now() + rotate_every;
+            for (_, p) in pending.map.rotate() {
+                pending.per_task[p.task_index] = pending.per_task[p.task_index].saturating_sub(1);
+                failed += 1;
+                spouts[p.task_index].fail(p.msg_id);
+            }
+        }
+        let active = shared.active.load(Ordering::Relaxed);
+        if active != was_active {
+            for s in spouts.iter_mut() {
+                if active { s.activate() } else { s.deactivate() }
+            }
+            was_active = active;
+        }
+        let mut emitted = false;
+        if active {
+            'rounds: for _ in 0..batch {
+                let mut any = false;
+                for (i, spout) in spouts.iter_mut().enumerate() {
+                    if config.max_spout_pending.is_some_and(|m| pending.per_task[i] >= m) {
+                        continue;
+                    }
+                    em.task = contexts[i].task_id;
+                    let mut out = SpoutCollector {
+                        em: &mut em,
+                        pending: &mut pending,
+                        task_index: i,
+                        emitted_any: false,
+                    };
+                    if let Err(e) = spout.next_tuple(&mut out) {
+                        out.report_error(e);
+                    }
+                    any |= out.emitted_any;
+                }
+                for (i, id) in std::mem::take(&mut pending.acked_now) {
+                    acked += 1;
+                    spouts[i].ack(id);
+                }
+                if !any {
+                    break 'rounds;
+                }
+                emitted = true;
+            }
+        }
+        em.flush();
+        if acked > 0 || failed > 0 {
+            stats.acked.fetch_add(acked, Ordering::Relaxed);
+            stats.failed.fetch_add(failed, Ordering::Relaxed);
+            acked = 0;
+            failed = 0;
+        }
+        stats.pending.store(pending.map.len() as u64, Ordering::Relaxed);
+        // Merging histograms walks every bucket: publish at most every HIST_PUBLISH.
+        if let Some(h) = hist.as_mut()
+            && lat.n > 0
+            && last_publish.elapsed() >= HIST_PUBLISH
+        {
+            stats.record_complete(h, lat.sum_ns, lat.n);
+            lat = LatencyAcc::default();
+            last_publish = Instant::now();
+        }
+        if !emitted {
+            match inbox.recv_timeout(if active { wait } else { IDLE_POLL }) {
+                Ok(b) => {
+                    on_done(&mut spouts, &mut pending, b, &mut lat, &mut hist, (&mut acked, &mut failed))
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+    }
+    if was_active {
+        for s in spouts.iter_mut() {
+            s.deactivate();
+        }
+    }
+    for s in spouts.iter_mut() {
+        s.close();
+    }
+    em.flush();
+}
+
+/// Applies acker verdicts to the spout tasks.
+fn on_done(
+    spouts: &mut [Box<dyn Spout>],
+    pending: &mut SpoutPending,
+    b: Batch,
+    lat: &mut LatencyAcc,
+    hist: &mut Option<Histogram<u64>>,
+    (acked, failed): (&mut u64, &mut u64),
+) {
+    for env in b {
+        if let Envelope::Ack { msg: AckMsg::Done { root, ok }, .. } = env
+            && let Some(p) = pending.map.remove(root)
+        {
+            pending.per_task[p.task_index] = pending.per_task[p.task_index].saturating_sub(1);
+            if ok {
+                *acked += 1;
+                let ns = p.emitted_at.elapsed().as_nanos() as u64;
+                lat.sum_ns += ns;
+                lat.n += 1;
+                if let Some(h) = hist.as_mut() {
+                    let _ = h.record((ns / 1000).max(1));
+                }
+                spouts[p.task_index].ack(p.msg_id);
+            } else {
+                *failed += 1;
+                spouts[p.task_index].fail(p.msg_id);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct LatencyAcc {
+    sum_ns: u64,
+    n: u64,
+}
+
+fn tick_meta() -> Option<Arc<StreamMeta>> {
+    Some(Arc::new(StreamMeta {
+        component: ComponentId::new(SYSTEM_COMPONENT).ok()?,
+        stream: TICK_STREAM.to_owned(),
+        fields: Fields::new(["rate_secs"]),
+        index: u32::MAX,
+    }))
+}
+
+fn run_bolt(
+    shared: Shared,
+    mut em: Emitter,
+    inbox: Receiver<Batch>,
+    mut bolts: Vec<Box<dyn Bolt>>,
+    contexts: Vec<TopologyContext>,
+    stats: Arc<ExecStats>,
+) {
+    for (bolt, ctx) in bolts.iter_mut().zip(&contexts) {
+        if let Err(e) = bolt.prepare(ctx) {
+            report_start_failure(&mut em, ctx, e.to_string());
+            return;
+        }
+    }
+    let start = contexts.first().map_or(0, |c| c.task_id.0);
+    let tick_secs = bolts
+        .first()
+        .and_then(|b| b.tick_tuple_freq_secs())
+        .or(shared.topology.config().tick_tuple_freq_secs);
+    let tick = tick_secs.map(Duration::from_secs).zip(tick_meta());
+    let mut next_tick = tick.as_ref().map(|(every, _)| Instant::now() + *every);
+    let mut seen = 0u64;
+    let mut acked = 0u64;
+    let mut failed = 0u64;
+
+    let mut execute = |bolts: &mut Vec<Box<dyn Bolt>>,
+                       em: &mut Emitter,
+                       task: TaskId,
+                       tuple: &Tuple,
+                       acked: &mut u64,
+                       failed: &mut u64| {
+        let Some(bolt) = bolts.get_mut(task.0.wrapping_sub(start) as usize) else { return };
+        em.task = task;
+        seen += 1;
+        let started = seen.is_multiple_of(SAMPLE_EVERY).then(Instant::now);
+        let mut out = BoltCollector { em, acked: 0, failed: 0 };
+        if let Err(e) = bolt.execute(tuple, &mut out) {
+            out.report_error(e);
+            out.fail(tuple);
+        }
+        *acked += out.acked;
+        *failed += out.failed;
+        if let Some(t) = started {
+            stats.record_execute(t.elapsed());
+        }
+    };
+
+    loop {
+        let now = Instant::now();
+        let timeout = next_tick.map_or(IDLE_POLL, |t| t.saturating_duration_since(now).min(IDLE_POLL));
+        match inbox.recv_timeout(timeout) {
+            Ok(mut b) => loop {
+                for env in b.drain(..) {
+                    if let Envelope::Tuple { task, tuple } = env {
+                        execute(&mut bolts, &mut em, task, &tuple, &mut acked, &mut failed);
+                    }
+                }
+                match inbox.try_recv() {
+                    Ok(next) => b = next,
+                    Err(_) => break,
+                }
+                if shared.cancel.is_cancelled() {
+                    break;
+                }
+            },
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        if let (Some(at), Some((every, meta))) = (next_tick, tick.as_ref())
+            && Instant::now() >= at
+        {
+            next_tick = Some(Instant::now() + *every);
+            for ctx in &contexts {
+                let t = Tuple {
+                    values: vec![Value::Int(every.as_secs() as i64)],
+                    meta: meta.clone(),
+                    source_task: TaskId(0),
+                    anchors: Anchors::None,
+                    ack_val: 0.into(),
+                };
+                execute(&mut bolts, &mut em, ctx.task_id, &t, &mut acked, &mut failed);
+            }
+        }
+        em.flush();
+        if acked > 0 || failed > 0 {
+            stats.acked.fetch_add(acked, Ordering::Relaxed);
+            stats.failed.fetch_add(failed, Ordering::Relaxed);
+            acked = 0;
+            failed = 0;
+        }
+        if shared.cancel.is_cancelled() {
+            break;
+        }
+    }
+    for b in bolts.iter_mut() {
+        b.cleanup();
+    }
+}
+
+fn run_acker(shared: Shared, mut em: Emitter, inbox: Receiver<Batch>, stats: Arc<ExecStats>) {
+    let mut ledger = AckLedger::default();
+    let rotate_every =
+        Duration::from_millis(shared.topology.config().message_timeout_secs.saturating_mul(1000) / 2)
+            .max(Duration::from_millis(1));
+    let mut next_rotate = Instant::now() + rotate_every;
+    loop {
+        let timeout = next_rotate.saturating_duration_since(Instant::now()).min(IDLE_POLL);
+        let (mut acked, mut failed) = (0u64, 0u64);
+        match inbox.recv_timeout(timeout) {
+            Ok(mut b) => loop {
+                for env in b.drain(..) {
+                    if let Envelope::Ack { msg, .. } = env
+                        && let Some(outcome) = ledger.apply(msg)
+                    {
+                        if outcome.ok {
+                            acked += 1
+                        } else {
+                            failed += 1
+                        }
+                        em.send(Envelope::Ack {
+                            task: outcome.spout_task,
+                            msg: AckMsg::Done { root: outcome.root, ok: outcome.ok },
+                        });
+                    }
+                }
+                match inbox.try_recv() {
+                    Ok(next) => b = next,
+                    Err(_) => break,
+                }
+            },
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        if Instant::now() >= next_rotate {
+            next_rotate = Instant::now() + rotate_every;
+            ledger.rotate();
+        }
+        em.flush();
+        stats.acked.fetch_add(acked, Ordering::Relaxed);
+        stats.failed.fetch_add(failed, Ordering::Relaxed);
+        if shared.cancel.is_cancelled() {
+            break;
+        }
+    }
+}

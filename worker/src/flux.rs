@@ -1,0 +1,374 @@
+//! The Flux-style YAML loader and the component registry it resolves class names with.
+//!
+//! ```yaml
+//! name: wordcount
+//! config:
+//!   topology.workers: 2
+//!   topology.max.spout.pending: 1000
+//! spouts:
+//!   - id: sentences
+//!     className: sentence-generator      # a registry name
+//!     parallelism: 1
+//!     params: {rate_per_sec: 1000, count: 100000}
+//! bolts:
+//!   - id: split
+//!     className: split-sentence
+//!     parallelism: 2
+//!   - id: count
+//!     className: word-count
+//!     parallelism: 2
+//! streams:
+//!   - name: "sentences --> split"        # optional
+//!     from: sentences
+//!     to: split
+//!     grouping: {type: SHUFFLE}          # also FIELDS (args: [field..]), ALL, GLOBAL,
+//!   - from: split                        # DIRECT, LOCAL_OR_SHUFFLE, NONE; streamId: <stream>
+//!     to: count
+//!     grouping: {type: FIELDS, args: [word]}
+//! ```
+//!
+//! Unknown keys are errors, and every error names the line and the element (`line 14:
+//! streams[1] "split --> count"`). Nothing is started by loading.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use crate::builtin::{
+    Filter, FilterParams, LogSink, SentenceParams, SentenceSpout, SplitSentence, StdoutSink, WordCount,
+    WordCountParams,
+};
+use crate::component::{Bolt, BoltFactory, Spout, SpoutFactory};
+use crate::config::TopologyConfig;
+use crate::error::{Error, Result};
+use crate::topology::{ComponentDecl, ComponentKind, Grouping, Subscription, Topology};
+use crate::tuple::DEFAULT_STREAM;
+
+/// A component's `params:` from the topology file (`null` when absent).
+pub type Params = serde_yaml_ng::Value;
+
+/// Turns `params` into a spout factory, or says what is wrong with them.
+pub type SpoutMaker = Arc<dyn Fn(&Params) -> Result<SpoutFactory, String> + Send + Sync>;
+/// Turns `params` into a bolt factory, or says what is wrong with them.
+pub type BoltMaker = Arc<dyn Fn(&Params) -> Result<BoltFactory, String> + Send + Sync>;
+
+/// Deserializes `params` into `T` (`null` gives `T::default()`).
+pub fn parse_params<T: DeserializeOwned + Default>(params: &Params) -> Result<T, String> {
+    if params.is_null() {
+        return Ok(T::default());
+    }
+    serde_yaml_ng::from_value(params.clone()).map_err(|e| format!("bad params: {e}"))
+}
+
+/// Component classes by name. Users building their own worker binary register theirs next
+/// to the built-ins.
+#[derive(Clone, Default)]
+pub struct Registry {
+    spouts: BTreeMap<String, SpoutMaker>,
+    bolts: BTreeMap<String, BoltMaker>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("spouts", &self.spouts.keys().collect::<Vec<_>>())
+            .field("bolts", &self.bolts.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Registry::default()
+    }
+
+    /// The built-ins: spout `sentence-generator`; bolts `split-sentence`, `word-count`,
+    /// `filter`, `log`, `stdout`.
+    pub fn with_builtins() -> Self {
+        let mut r = Registry::new();
+        r.register_spout("sentence-generator", |p| {
+            let params: SentenceParams = parse_params(p)?;
+            if params.rate_per_sec.is_some_and(|r| r.is_nan() || r <= 0.0) {
+                return Err("rate_per_sec must be positive".into());
+            }
+            Ok(Arc::new(move || Box::new(SentenceSpout::new(params.clone())) as Box<dyn Spout>))
+        });
+        r.register_bolt("split-sentence", |p| {
+            no_params(p)?;
+            Ok(Arc::new(|| Box::new(SplitSentence) as Box<dyn Bolt>))
+        });
+        r.register_bolt("word-count", |p| {
+            let params: WordCountParams = parse_params(p)?;
+            Ok(Arc::new(move || Box::new(WordCount::new(params.clone())) as Box<dyn Bolt>))
+        });
+        r.register_bolt("filter", |p| {
+            let params: FilterParams = parse_params(p)?;
+            Filter::new(params.clone())?;
+            Ok(Arc::new(move || match Filter::new(params.clone()) {
+                Ok(f) => Box::new(f) as Box<dyn Bolt>,
+                // Checked just above; parameters do not change.
+                Err(_) => Box::new(LogSink) as Box<dyn Bolt>,
+            }))
+        });
+        r.register_bolt("log", |p| {
+            no_params(p)?;
+            Ok(Arc::new(|| Box::new(LogSink) as Box<dyn Bolt>))
+        });
+        r.register_bolt("stdout", |p| {
+            no_params(p)?;
+            Ok(Arc::new(|| Box::new(StdoutSink) as Box<dyn Bolt>))
+        });
+        r
+    }
+
+    /// Registers a spout class.
+    pub fn register_spout(
+        &mut self,
+        name: &str,
+        make: impl Fn(&Params) -> Result<SpoutFactory, String> + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.spouts.insert(name.to_owned(), Arc::new(make));
+        self
+    }
+
+    /// Registers a bolt class.
+    pub fn register_bolt(
+        &mut self,
+        name: &str,
+        make: impl Fn(&Params) -> Result<BoltFactory, String> + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.bolts.insert(name.to_owned(), Arc::new(make));
+        self
+    }
+
+    /// Loads a topology file.
+    pub fn load_file(&self, path: &Path) -> Result<Topology> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| Error::ReadFile { file: path.to_owned(), source })?;
+        self.load_str(&text).map_err(|e| match e {
+            Error::Yaml { line, column, message, .. } => {
+                Error::Yaml { file: Some(path.to_owned()), line, column, message }
+            }
+            other => other,
+        })
+    }
+
+    /// Loads a topology from YAML text.
+    pub fn load_str(&self, text: &str) -> Result<Topology> {
+        let file: FluxFile = serde_yaml_ng::from_str(text).map_err(|e| {
+            let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
+            Error::Yaml { file: None, line, column, message: e.to_string() }
+        })?;
+        let lines = Lines::new(text);
+        let mut decls = Vec::new();
+        let mut id_seen: BTreeMap<String, usize> = BTreeMap::new();
+        let components = file.spouts.iter().map(|c| (c, true)).chain(file.bolts.iter().map(|c| (c, false)));
+        let (mut si, mut bi) = (0, 0);
+        for (c, is_spout) in components {
+            let (section, index) = if is_spout { ("spouts", &mut si) } else { ("bolts", &mut bi) };
+            let nth = id_seen.entry(c.id.clone()).or_insert(0);
+            *nth += 1;
+            let element =
+                lines.label(&format!("{section}[{index}] {:?}", c.id), lines.find("id", &c.id, *nth));
+            *index += 1;
+            crate::topology::check_name(&element, &c.id)?;
+            if *nth > 1 {
+                return Err(Error::DuplicateId { element, id: c.id.clone() });
+            }
+            let kind = if is_spout {
+                let maker = self.spouts.get(&c.class_name).ok_or_else(|| Error::UnknownComponent {
+                    element: lines.label(
+                        &format!("{section}[{}] {:?} className", *index - 1, c.id),
+                        lines.find("className", &c.class_name, 1),
+                    ),
+                    name: c.class_name.clone(),
+                    known: self.spouts.keys().cloned().collect(),
+                })?;
+                ComponentKind::Spout(maker(&c.params).map_err(|reason| Error::BadParams {
+                    element: element.clone(),
+                    component: c.id.clone(),
+                    reason,
+                })?)
+            } else {
+                let maker = self.bolts.get(&c.class_name).ok_or_else(|| Error::UnknownComponent {
+                    element: lines.label(
+                        &format!("{section}[{}] {:?} className", *index - 1, c.id),
+                        lines.find("className", &c.class_name, 1),
+                    ),
+                    name: c.class_name.clone(),
+                    known: self.bolts.keys().cloned().collect(),
+                })?;
+                ComponentKind::Bolt(maker(&c.params).map_err(|reason| Error::BadParams {
+                    element: element.clone(),
+                    component: c.id.clone(),
+                    reason,
+                })?)
+            };
+            decls.push(ComponentDecl {
+                id: c.id.clone(),
+                kind,
+                parallelism: c.parallelism,
+                num_tasks: c.num_tasks,
+                inputs: Vec::new(),
+                element,
+            });
+        }
+        for (i, s) in file.streams.iter().enumerate() {
+            let name = s.name.clone().unwrap_or_else(|| format!("{} --> {}", s.from, s.to));
+            let element = lines.label(&format!("streams[{i}] {name:?}"), lines.nth_key("from", i + 1));
+            let grouping = match s.grouping.kind {
+                GroupingType::Shuffle => Grouping::Shuffle,
+                GroupingType::Fields => Grouping::Fields(s.grouping.args.clone()),
+                GroupingType::All => Grouping::All,
+                GroupingType::Global => Grouping::Global,
+                GroupingType::Direct => Grouping::Direct,
+                GroupingType::LocalOrShuffle => Grouping::LocalOrShuffle,
+                GroupingType::None => Grouping::None,
+            };
+            if !matches!(s.grouping.kind, GroupingType::Fields) && !s.grouping.args.is_empty() {
+                return Err(Error::BadGrouping { element, reason: "only FIELDS grouping takes args".into() });
+            }
+            let Some(target) = decls.iter_mut().find(|d| d.id == s.to) else {
+                return Err(Error::UnknownComponent {
+                    element,
+                    name: s.to.clone(),
+                    known: file.spouts.iter().chain(&file.bolts).map(|c| c.id.clone()).collect(),
+                });
+            };
+            target.inputs.push(Subscription {
+                from: s.from.clone(),
+                stream: s.grouping.stream_id.clone().unwrap_or_else(|| DEFAULT_STREAM.to_owned()),
+                grouping,
+                element,
+            });
+        }
+        Topology::new(&file.name, file.config, decls).map_err(|e| match e {
+            Error::BadName { element, name } if element == "topology name" => {
+                Error::BadName { element: lines.label("name", lines.find("name", &file.name, 1)), name }
+            }
+            other => other,
+        })
+    }
+}
+
+fn no_params(p: &Params) -> Result<(), String> {
+    if p.is_null() { Ok(()) } else { Err("takes no params".into()) }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FluxFile {
+    name: String,
+    #[serde(default)]
+    config: TopologyConfig,
+    #[serde(default)]
+    spouts: Vec<FluxComponent>,
+    #[serde(default)]
+    bolts: Vec<FluxComponent>,
+    #[serde(default)]
+    streams: Vec<FluxStream>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct FluxComponent {
+    id: String,
+    class_name: String,
+    #[serde(default = "one")]
+    parallelism: u32,
+    #[serde(default)]
+    num_tasks: Option<u32>,
+    #[serde(default)]
+    params: Params,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FluxStream {
+    #[serde(default)]
+    name: Option<String>,
+    from: String,
+    to: String,
+    grouping: FluxGrouping,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FluxGrouping {
+    #[serde(rename = "type")]
+    kind: GroupingType,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(rename = "streamId", default)]
+    stream_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+enum GroupingType {
+    Shuffle,
+    Fields,
+    All,
+    Global,
+    Direct,
+    LocalOrShuffle,
+    None,
+}
+
+/// Finds the lines of elements in the YAML text, for error messages. serde's model has no
+/// spans, so this matches `key: value` lines, which is exact for Flux's block style and
+/// degrades to naming only the element for flow style.
+struct Lines<'a> {
+    lines: Vec<&'a str>,
+}
+
+impl<'a> Lines<'a> {
+    fn new(text: &'a str) -> Self {
+        Lines { lines: text.lines().collect() }
+    }
+
+    /// `(key, value)` of a `key: value` line, with a list dash and quotes removed.
+    fn kv(line: &str) -> Option<(&str, &str)> {
+        let t = line.trim_start();
+        let t = t.strip_prefix("- ").unwrap_or(t).trim_start();
+        let (k, v) = t.split_once(':')?;
+        let v = v.split(" #").next().unwrap_or("").trim();
+        let v = v.trim_matches(|c| c == '"' || c == '\'');
+        Some((k.trim(), v))
+    }
+
+    /// The 1-based line of the `nth` `key: value` line.
+    fn find(&self, key: &str, value: &str, nth: usize) -> Option<usize> {
+        self.lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| Self::kv(l).is_some_and(|(k, v)| k == key && v == value))
+            .nth(nth.saturating_sub(1))
+            .map(|(i, _)| i + 1)
+    }
+
+    /// The 1-based line of the `nth` line with `key`.
+    fn nth_key(&self, key: &str, nth: usize) -> Option<usize> {
+        self.lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| Self::kv(l).is_some_and(|(k, _)| k == key))
+            .nth(nth.saturating_sub(1))
+            .map(|(i, _)| i + 1)
+    }
+
+    fn label(&self, element: &str, line: Option<usize>) -> String {
+        match line {
+            Some(l) => format!("line {l}: {element}"),
+            None => element.to_owned(),
+        }
+    }
+}

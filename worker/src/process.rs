@@ -1,0 +1,603 @@
+//! The worker process: what `squall worker` (or a user's own worker binary) runs for one slot.
+//!
+//! [`run`] reads the slot's assignment, starts the executors, connects to the peer workers it
+//! sends to and accepts theirs, then loops until `shutdown`: a local heartbeat file every
+//! `worker.heartbeat.frequency.secs`, a ZooKeeper heartbeat with executor stats every
+//! `task.heartbeat.frequency.secs`, errors to `/storm/errors` (rate-limited, last 10 kept), and
+//! a reconcile of peers and activation on every assignment / storm-base watch and every
+//! `task.refresh.poll.secs`. Shutdown is graceful: spouts deactivate, pending tuples drain up to
+//! a bound, connections flush, the heartbeats are removed.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use cluster_state::coord::{
+    CreateMode, Ensemble, Error as CoordError, Session, SessionOptions, Watch, WatchEvent,
+};
+use cluster_state::ids::{ComponentId, ExecutorId, SupervisorId, TaskId, TopologyId, WorkerSlot};
+use cluster_state::paths::StormPaths;
+use cluster_state::znode::{Assignment, ErrorInfo, StormBase, TopologyStatus, WorkerHeartbeat, ZnodeData};
+use prometheus::{IntCounter, Registry as MetricsRegistry};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::collector::{Batch, ErrorReport};
+use crate::error::{Error, Result};
+use crate::layout::{PlanError, TaskLayout, WorkerPlan, plan_worker};
+use crate::runtime::{RuntimeParts, WorkerRuntime};
+use crate::topology::Topology;
+use crate::transport::{PeerReceiver, PeerSender, TransportStats};
+
+/// Process-level worker settings; Storm's keys and defaults (defaults.yaml).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// `worker.heartbeat.frequency.secs`: local heartbeat file period. Storm: 1.
+    pub heartbeat_frequency_secs: u64,
+    /// `task.heartbeat.frequency.secs`: ZooKeeper heartbeat period. Storm: 3.
+    pub zk_heartbeat_frequency_secs: u64,
+    /// `task.refresh.poll.secs`: re-read assignment and status even without a watch. Storm: 10.
+    pub refresh_poll_secs: u64,
+    /// Bound on draining pending tuples at shutdown, in milliseconds (Storm's supervisor gives
+    /// a worker `supervisor.worker.shutdown.sleep.secs` = 3 s).
+    pub shutdown_drain_ms: u64,
+    /// Address the worker's port is bound on.
+    pub bind_host: String,
+    /// Errors kept per component under `/storm/errors` (Storm keeps 10).
+    pub errors_kept: usize,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            heartbeat_frequency_secs: 1,
+            zk_heartbeat_frequency_secs: 3,
+            refresh_poll_secs: 10,
+            shutdown_drain_ms: 3000,
+            bind_host: "0.0.0.0".into(),
+            errors_kept: 10,
+        }
+    }
+}
+
+/// Who this worker is: Storm's worker arguments plus where to write its local heartbeat.
+#[derive(Debug, Clone)]
+pub struct WorkerArgs {
+    pub topology_id: TopologyId,
+    pub supervisor_id: SupervisorId,
+    pub port: u16,
+    pub worker_id: String,
+    /// The supervisor's local dir; the heartbeat goes to `<local_dir>/workers/<worker_id>/heartbeat`.
+    pub local_dir: PathBuf,
+    /// This host's name, for error reports.
+    pub hostname: String,
+}
+
+/// The worker's local heartbeat file (Storm's worker `LocalState` heartbeat), JSON:
+/// `{"version":1,"time_secs":N,"topology_id":"..","executors":[[1,2]],"port":6700}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalHeartbeat {
+    pub version: u32,
+    pub time_secs: u64,
+    pub topology_id: TopologyId,
+    pub executors: Vec<ExecutorId>,
+    pub port: u16,
+}
+
+impl LocalHeartbeat {
+    /// `<local_dir>/workers/<worker_id>/heartbeat`.
+    pub fn path(local_dir: &Path, worker_id: &str) -> PathBuf {
+        local_dir.join("workers").join(worker_id).join("heartbeat")
+    }
+
+    /// Writes atomically (temp file, then rename), so a reader never sees half a beat.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        let tmp = path.with_extension("tmp");
+        let bytes =
+            serde_json::to_vec(self).map_err(|e| Error::io("encode heartbeat", std::io::Error::other(e)))?;
+        std::fs::write(&tmp, bytes).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
+        std::fs::rename(&tmp, path).map_err(|e| Error::io(format!("rename to {}", path.display()), e))
+    }
+
+    /// Reads a heartbeat file.
+    pub fn read(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| Error::io(format!("decode {}", path.display()), std::io::Error::other(e)))
+    }
+}
+
+/// Storm's error throttle: at most `max` reports per component in any `window`.
+#[derive(Debug)]
+pub struct ErrorThrottle {
+    window: Duration,
+    max: usize,
+    recent: BTreeMap<ComponentId, VecDeque<Instant>>,
+}
+
+impl ErrorThrottle {
+    /// A throttle allowing `max` per `window` (Storm: 5 per 10 s).
+    pub fn new(max: u32, window: Duration) -> Self {
+        ErrorThrottle { window, max: max as usize, recent: BTreeMap::new() }
+    }
+
+    /// Whether an error of `component` at `now` may be reported (and records it if so).
+    pub fn allow(&mut self, component: &ComponentId, now: Instant) -> bool {
+        let q = self.recent.entry(component.clone()).or_default();
+        while q.front().is_some_and(|t| now.duration_since(*t) >= self.window) {
+            q.pop_front();
+        }
+        if q.len() >= self.max {
+            return false;
+        }
+        q.push_back(now);
+        true
+    }
+}
+
+/// Which error znodes to delete to keep the newest `keep` (names as ZooKeeper lists them).
+pub fn errors_to_prune(children: &[String], keep: usize) -> Vec<String> {
+    let mut seqs: Vec<(u32, &String)> =
+        children.iter().filter_map(|c| StormPaths::parse_error_seq(c).map(|s| (s, c))).collect();
+    seqs.sort();
+    let excess = seqs.len().saturating_sub(keep);
+    seqs.into_iter().take(excess).map(|(_, c)| c.clone()).collect()
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+struct Metrics {
+    emitted: IntCounter,
+    acked: IntCounter,
+    failed: IntCounter,
+    frames_sent: IntCounter,
+    batches_dropped: IntCounter,
+    last: [u64; 5],
+}
+
+impl Metrics {
+    fn register(registry: &MetricsRegistry) -> Result<Self> {
+        let c = |name: &str, help: &str| -> Result<IntCounter> {
+            let c = IntCounter::new(name, help)?;
+            registry.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        Ok(Metrics {
+            emitted: c("squall_worker_emitted_total", "Tuples emitted by this worker's executors")?,
+            acked: c("squall_worker_acked_total", "Tuples acked by this worker's executors")?,
+            failed: c("squall_worker_failed_total", "Tuples failed by this worker's executors")?,
+            frames_sent: c("squall_worker_frames_sent_total", "Frames sent to peer workers")?,
+            batches_dropped: c(
+                "squall_worker_batches_dropped_total",
+                "Batches dropped for unreachable peers",
+            )?,
+            last: [0; 5],
+        })
+    }
+
+    fn update(&mut self, runtime: &WorkerRuntime, transport: &TransportStats) {
+        let stats = runtime.stats();
+        let sum = |f: fn(&crate::stats::ExecStats) -> u64| stats.iter().map(|s| f(s)).sum::<u64>();
+        let now = [
+            sum(|s| s.emitted.load(Ordering::Relaxed)),
+            sum(|s| s.acked.load(Ordering::Relaxed)),
+            sum(|s| s.failed.load(Ordering::Relaxed)),
+            transport.frames_sent.load(Ordering::Relaxed),
+            transport.batches_dropped.load(Ordering::Relaxed),
+        ];
+        let counters = [&self.emitted, &self.acked, &self.failed, &self.frames_sent, &self.batches_dropped];
+        for (i, c) in counters.iter().enumerate() {
+            c.inc_by(now[i].saturating_sub(self.last[i]));
+        }
+        self.last = now;
+    }
+}
+
+/// Resolves when `w` fires; never when there is no watch.
+async fn fired(w: &mut Option<Watch>) -> WatchEvent {
+    match w {
+        Some(w) => w.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Where remote tasks go: task -> index into the peer queues, and the queues.
+type RemoteRoutes = (BTreeMap<TaskId, usize>, Vec<crossbeam_channel::Sender<Batch>>);
+
+/// The peer connections and the routes they imply.
+#[derive(Debug)]
+struct Peers {
+    senders: BTreeMap<(WorkerSlot, String), PeerSender>,
+}
+
+impl Peers {
+    /// Starts senders for new peers, stops those no longer needed, returns the routes.
+    fn reconcile(
+        &mut self,
+        plan: &WorkerPlan,
+        topology_id: &TopologyId,
+        stats: &Arc<TransportStats>,
+    ) -> Result<RemoteRoutes> {
+        let wanted: BTreeMap<(WorkerSlot, String), ()> =
+            plan.peers.iter().map(|(s, h)| ((s.clone(), h.clone()), ())).collect();
+        let stale: Vec<(WorkerSlot, String)> =
+            self.senders.keys().filter(|k| !wanted.contains_key(*k)).cloned().collect();
+        for k in stale {
+            if let Some(s) = self.senders.remove(&k) {
+                s.stop();
+            }
+        }
+        for key in wanted.keys() {
+            if !self.senders.contains_key(key) {
+                let sender =
+                    PeerSender::start(key.1.clone(), key.0.port, topology_id.to_string(), stats.clone())?;
+                self.senders.insert(key.clone(), sender);
+            }
+        }
+        let index: BTreeMap<WorkerSlot, usize> =
+            self.senders.keys().enumerate().map(|(i, (s, _))| (s.clone(), i)).collect();
+        let dests = self.senders.values().map(|s| s.tx.clone()).collect();
+        let remote = plan.remote_tasks.iter().filter_map(|(t, s)| index.get(s).map(|i| (*t, *i))).collect();
+        Ok((remote, dests))
+    }
+
+    fn stop(self) {
+        for (_, s) in self.senders {
+            s.stop();
+        }
+    }
+}
+
+/// One worker's executors and connections for a given plan, without ZooKeeper: what [`run`]
+/// drives, and what benchmarks and embedders can use with an assignment of their own.
+#[derive(Debug)]
+pub struct StaticWorker {
+    /// The executors.
+    pub runtime: WorkerRuntime,
+    /// Transport counters.
+    pub transport: Arc<TransportStats>,
+    plan: WorkerPlan,
+    peers: Peers,
+    receiver: PeerReceiver,
+}
+
+impl StaticWorker {
+    /// Starts the executors of `plan` (inactive), connects to its peers and listens on the
+    /// slot's port (`bind_host`). `port` comes from the plan's slot.
+    pub fn start(
+        topology: Arc<Topology>,
+        layout: Arc<TaskLayout>,
+        plan: WorkerPlan,
+        topology_id: &TopologyId,
+        bind_host: &str,
+        errors: Option<tokio::sync::mpsc::Sender<ErrorReport>>,
+    ) -> Result<Self> {
+        let transport = Arc::new(TransportStats::default());
+        let mut peers = Peers { senders: BTreeMap::new() };
+        let (remote_tasks, remote_dests) = peers.reconcile(&plan, topology_id, &transport)?;
+        let local = Arc::new(plan.local_tasks.clone());
+        let runtime = WorkerRuntime::start(RuntimeParts {
+            topology,
+            layout,
+            executors: plan.local_executors.iter().map(|e| (*e, local.clone())).collect(),
+            remote_tasks,
+            remote_dests,
+            errors,
+            start_active: false,
+        })?;
+        let receiver = PeerReceiver::start(
+            bind_host,
+            plan.slot.port,
+            topology_id.to_string(),
+            runtime.table.clone(),
+            Arc::new(runtime.inboxes.clone()),
+            transport.clone(),
+        )?;
+        Ok(StaticWorker { runtime, transport, plan, peers, receiver })
+    }
+
+    /// The address the worker listens on.
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        self.receiver.local_addr()
+    }
+
+    /// Whether a connection to and from every peer is up.
+    pub fn peers_connected(&self) -> bool {
+        let n = self.plan.peers.len() as u64;
+        self.transport.connects.load(Ordering::Relaxed) >= n
+            && self.transport.accepted.load(Ordering::Relaxed) >= n
+    }
+
+    /// Applies a new plan with the same local executors: peers are reconnected and routes
+    /// replaced.
+    pub fn update(&mut self, plan: WorkerPlan, topology_id: &TopologyId) -> Result<()> {
+        let (remote, dests) = self.peers.reconcile(&plan, topology_id, &self.transport)?;
+        self.runtime.set_remote(&remote, &dests);
+        self.plan = plan;
+        Ok(())
+    }
+
+    /// Graceful stop: drain up to `drain`, stop executors, flush peers, stop listening.
+    pub fn shutdown(self, drain: Duration) {
+        self.runtime.shutdown(drain);
+        self.peers.stop();
+        self.receiver.stop();
+    }
+}
+
+/// Runs the worker for `args`'s slot until `shutdown` is cancelled.
+pub async fn run(
+    args: WorkerArgs,
+    config: WorkerConfig,
+    topology: Topology,
+    ensemble: Ensemble,
+    paths: StormPaths,
+    metrics: &MetricsRegistry,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let session = ensemble.connect(&SessionOptions::default()).await?;
+    let result = run_session(&args, &config, topology, &session, &paths, metrics, &shutdown).await;
+    let _ = session.close().await;
+    result
+}
+
+async fn read_assignment(
+    session: &Session,
+    paths: &StormPaths,
+    id: &TopologyId,
+    shutdown: &CancellationToken,
+) -> Result<Option<(Assignment, Watch)>> {
+    let path = paths.assignment(id);
+    loop {
+        match session.read_watch::<Assignment>(&path).await {
+            Ok((a, _, w)) => return Ok(Some((a, w))),
+            Err(CoordError::NoNode { .. }) => {
+                let (exists, w) = session.exists_watch(&path).await?;
+                if exists.is_some() {
+                    continue;
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(None),
+                    _ = w => {}
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+async fn read_active(session: &Session, paths: &StormPaths, id: &TopologyId) -> (bool, Option<Watch>) {
+    match session.read_watch::<StormBase>(&paths.storm(id)).await {
+        Ok((base, _, w)) => (base.status == TopologyStatus::Active, Some(w)),
+        Err(CoordError::NoNode { .. }) => match session.exists_watch(&paths.storm(id)).await {
+            Ok((_, w)) => (false, Some(w)),
+            Err(_) => (false, None),
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the topology's status");
+            (false, None)
+        }
+    }
+}
+
+#[allow(clippy::too_many_lines)]
+async fn run_session(
+    args: &WorkerArgs,
+    config: &WorkerConfig,
+    topology: Topology,
+    session: &Session,
+    paths: &StormPaths,
+    metrics_registry: &MetricsRegistry,
+    shutdown: &CancellationToken,
+) -> Result<()> {
+    let slot = WorkerSlot { node: args.supervisor_id.clone(), port: args.port };
+    let id = &args.topology_id;
+    let topology = Arc::new(topology);
+    let layout = Arc::new(TaskLayout::compute(&topology.component_parallelism()));
+    let Some((assignment, assign_watch)) = read_assignment(session, paths, id, shutdown).await? else {
+        return Ok(());
+    };
+    let plan_of = |a: &Assignment| {
+        plan_worker(&layout, a, &slot).map_err(|e| Error::BadAssignment {
+            topology: id.to_string(),
+            reason: match e {
+                PlanError::UnknownExecutor(x) => format!("executor {x} is not part of the topology's code"),
+                PlanError::NothingAssigned => {
+                    format!("nothing is assigned to slot {}:{}", slot.node, slot.port)
+                }
+            },
+        })
+    };
+    let plan = plan_of(&assignment)?;
+    let (err_tx, mut err_rx) = tokio::sync::mpsc::channel::<ErrorReport>(256);
+    let mut worker =
+        StaticWorker::start(topology.clone(), layout.clone(), plan, id, &config.bind_host, Some(err_tx))?;
+    let plan = worker.plan.clone();
+    tracing::info!(topology = %id, port = args.port, addr = %worker.local_addr(), executors = plan.local_executors.len(), "worker started");
+    let mut metrics = Metrics::register(metrics_registry)?;
+    let (active, base_watch) = read_active(session, paths, id).await;
+    if active {
+        worker.runtime.activate();
+    }
+    let mut assign_watch = Some(assign_watch);
+    let mut base_watch = base_watch;
+    let mut plan = plan;
+    let start_secs = now_secs();
+    let beat_path = LocalHeartbeat::path(&args.local_dir, &args.worker_id);
+    let executors: Vec<ExecutorId> = plan.local_executors.iter().copied().collect();
+    let mut throttle = ErrorThrottle::new(
+        topology.config().max_error_report_per_interval,
+        Duration::from_secs(topology.config().error_throttle_interval_secs),
+    );
+    let mut local_beat = tokio::time::interval(Duration::from_secs(config.heartbeat_frequency_secs.max(1)));
+    let mut zk_beat = tokio::time::interval(Duration::from_secs(config.zk_heartbeat_frequency_secs.max(1)));
+    let mut refresh = tokio::time::interval(Duration::from_secs(config.refresh_poll_secs.max(1)));
+    let beat_znode = paths.workerbeat(id, &slot);
+
+    loop {
+        let mut reconcile = false;
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = local_beat.tick() => {
+                let beat = LocalHeartbeat { version: 1, time_secs: now_secs(), topology_id: id.clone(), executors: executors.clone(), port: args.port };
+                if let Err(e) = beat.write(&beat_path) {
+                    tracing::warn!(error = %e, "cannot write the local heartbeat");
+                }
+            }
+            _ = zk_beat.tick() => {
+                metrics.update(&worker.runtime, &worker.transport);
+                let now = now_secs();
+                let beat = WorkerHeartbeat {
+                    topology_id: id.clone(),
+                    executor_stats: worker.runtime.stats().iter().map(|s| s.snapshot()).collect(),
+                    start_time_secs: start_secs,
+                    time_secs: now,
+                    uptime_secs: now.saturating_sub(start_secs),
+                };
+                if let Err(e) = write_znode(session, &beat_znode, &beat.encode()).await {
+                    tracing::warn!(error = %e, "cannot write the ZooKeeper heartbeat");
+                }
+            }
+            _ = refresh.tick() => reconcile = true,
+            _ = fired(&mut assign_watch) => { assign_watch = None; reconcile = true; }
+            _ = fired(&mut base_watch) => { base_watch = None; reconcile = true; }
+            Some(report) = err_rx.recv() => {
+                if throttle.allow(&report.component, Instant::now()) {
+                    let info = ErrorInfo { error: report.error, time_secs: now_secs(), host: args.hostname.clone(), port: args.port };
+                    if let Err(e) = report_error(session, paths, id, &report.component, &info, config.errors_kept).await {
+                        tracing::warn!(error = %e, "cannot report an error to ZooKeeper");
+                    }
+                }
+            }
+        }
+        if reconcile {
+            match session.read_watch::<Assignment>(&paths.assignment(id)).await {
+                Ok((a, _, w)) => {
+                    assign_watch = Some(w);
+                    match plan_of(&a) {
+                        Ok(new_plan) if new_plan.local_executors == plan.local_executors => {
+                            if new_plan != plan {
+                                worker.update(new_plan.clone(), id)?;
+                                tracing::info!(
+                                    peers = new_plan.peers.len(),
+                                    "assignment changed: peers reconnected"
+                                );
+                                plan = new_plan;
+                            }
+                        }
+                        // Storm's supervisor kills a worker whose executors moved; keep running
+                        // what we have until it does.
+                        Ok(_) => tracing::warn!(
+                            "this slot's executors changed; waiting for the supervisor to restart the worker"
+                        ),
+                        Err(e) => tracing::warn!(error = %e, "assignment not applicable"),
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot re-read the assignment"),
+            }
+            let (active, w) = read_active(session, paths, id).await;
+            base_watch = w;
+            if active != worker.runtime.is_active() {
+                if active {
+                    worker.runtime.activate()
+                } else {
+                    worker.runtime.deactivate()
+                }
+                tracing::info!(active, "topology status changed");
+            }
+        }
+    }
+
+    // Graceful shutdown: drain, stop executors, flush peers, stop receiving, remove beats.
+    let drain = Duration::from_millis(config.shutdown_drain_ms);
+    let stopped = tokio::task::spawn_blocking(move || worker.shutdown(drain)).await;
+    if stopped.is_err() {
+        tracing::error!("worker shutdown panicked");
+    }
+    if let Err(e) = session.delete(&beat_znode, None).await
+        && !matches!(e, CoordError::NoNode { .. })
+    {
+        tracing::warn!(error = %e, "cannot remove the ZooKeeper heartbeat");
+    }
+    let _ = std::fs::remove_file(&beat_path);
+    tracing::info!(topology = %id, port = args.port, "worker stopped");
+    Ok(())
+}
+
+/// Sets a persistent znode's data, creating it (and its parents) when missing.
+async fn write_znode(session: &Session, path: &str, data: &[u8]) -> Result<()> {
+    match session.set(path, data, None).await {
+        Ok(_) => Ok(()),
+        Err(CoordError::NoNode { .. }) => {
+            match session.create(path, data, CreateMode::Persistent.with_parents()).await {
+                Ok(_) => Ok(()),
+                Err(CoordError::NodeExists { .. }) => {
+                    session.set(path, data, None).await?;
+                    Ok(())
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Writes one error as `/storm/errors/<topology>/<component>/e<seq>` and prunes to the newest `keep`.
+pub async fn report_error(
+    session: &Session,
+    paths: &StormPaths,
+    id: &TopologyId,
+    component: &ComponentId,
+    info: &ErrorInfo,
+    keep: usize,
+) -> Result<()> {
+    session
+        .create(
+            &paths.error_sequential_prefix(id, component),
+            &info.encode(),
+            CreateMode::PersistentSequential.with_parents(),
+        )
+        .await?;
+    let dir = paths.errors_component(id, component);
+    let children = session.children(&dir).await?;
+    for name in errors_to_prune(&children, keep) {
+        match session.delete(&format!("{dir}/{name}"), None).await {
+            Ok(()) | Err(CoordError::NoNode { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_throttle_allows_five_per_ten_seconds_per_component() {
+        let mut t = ErrorThrottle::new(5, Duration::from_secs(10));
+        let (a, b) = (ComponentId::new("a").unwrap(), ComponentId::new("b").unwrap());
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let got: Vec<bool> = (0..7).map(|_| t.allow(&a, at(0))).collect();
+        assert_eq!(got, [true, true, true, true, true, false, false]);
+        assert!(t.allow(&b, at(1)), "another component has its own budget");
+        assert!(!t.allow(&a, at(9)));
+        assert!(t.allow(&a, at(10)), "the window has passed");
+    }
+
+    #[test]
+    fn pruning_keeps_the_newest() {
+        let names: Vec<String> =
+            [3, 1, 12, 2, 11].iter().map(|n| format!("e{n:010}")).chain(["junk".to_owned()]).collect();
+        assert_eq!(errors_to_prune(&names, 3), vec!["e0000000001".to_owned(), "e0000000002".to_owned()]);
+        assert!(errors_to_prune(&names, 10).is_empty());
+    }
+}

@@ -1,0 +1,275 @@
+//! Running executors: one worker's set ([`WorkerRuntime`]), and the in-process mode that runs
+//! all workers of a topology in one process ([`LocalCluster`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use cluster_state::ids::{ComponentId, ExecutorId, TaskId};
+use crossbeam_channel::{Receiver, Sender};
+use tokio_util::sync::CancellationToken;
+
+use crate::collector::{Batch, ErrorReport, ErrorSender, Routes, SharedRoutes};
+use crate::error::Result;
+use crate::executor::{self, RunningExecutor, Shared, StreamTable};
+use crate::layout::TaskLayout;
+use crate::stats::ExecStats;
+use crate::topology::Topology;
+
+/// How often shutdown looks at the pending counts while draining.
+const DRAIN_POLL: Duration = Duration::from_millis(5);
+
+/// The executors of one worker, running.
+#[derive(Debug)]
+pub struct WorkerRuntime {
+    executors: Vec<RunningExecutor>,
+    active: Arc<AtomicBool>,
+    cancel: CancellationToken,
+    pub(crate) routes: Arc<SharedRoutes>,
+    pub(crate) table: Arc<StreamTable>,
+    pub(crate) layout: Arc<TaskLayout>,
+    /// Inbox of each local task, for frames received from peers.
+    pub(crate) inboxes: BTreeMap<TaskId, Sender<Batch>>,
+}
+
+/// An executor to start: id, component, its worker's tasks, its inbox.
+type ExecutorQueue = (ExecutorId, ComponentId, Arc<BTreeSet<TaskId>>, Receiver<Batch>);
+
+/// What to build a runtime from.
+pub(crate) struct RuntimeParts {
+    pub(crate) topology: Arc<Topology>,
+    pub(crate) layout: Arc<TaskLayout>,
+    /// Executors to run here, each with the task set of "its worker" (for local-or-shuffle).
+    pub(crate) executors: Vec<(ExecutorId, Arc<BTreeSet<TaskId>>)>,
+    /// Destinations of tasks run elsewhere: task -> index into `remote_dests`.
+    pub(crate) remote_tasks: BTreeMap<TaskId, usize>,
+    pub(crate) remote_dests: Vec<Sender<Batch>>,
+    pub(crate) errors: Option<ErrorSender>,
+    pub(crate) start_active: bool,
+}
+
+impl WorkerRuntime {
+    pub(crate) fn start(parts: RuntimeParts) -> Result<Self> {
+        let table = Arc::new(StreamTable::new(&parts.topology));
+        let mut queues: Vec<ExecutorQueue> = Vec::new();
+        let mut inboxes = BTreeMap::new();
+        let mut routes =
+            Routes { dest_of_task: vec![u32::MAX; parts.layout.max_task() as usize + 1], dests: Vec::new() };
+        for (id, local) in &parts.executors {
+            let Some(component) = parts.layout.executors.get(id).cloned() else { continue };
+            let (tx, rx) = executor::inbox(&parts.topology, &component);
+            let dest = routes.dests.len() as u32;
+            routes.dests.push(tx.clone());
+            for t in id.tasks() {
+                if let Some(slot) = routes.dest_of_task.get_mut(t.0 as usize) {
+                    *slot = dest;
+                }
+                inboxes.insert(t, tx.clone());
+            }
+            queues.push((*id, component, local.clone(), rx));
+        }
+        let base = routes.dests.len() as u32;
+        routes.dests.extend(parts.remote_dests.iter().cloned());
+        for (task, idx) in &parts.remote_tasks {
+            if let Some(slot) = routes.dest_of_task.get_mut(task.0 as usize) {
+                *slot = base + *idx as u32;
+            }
+        }
+        let routes = SharedRoutes::new(routes);
+        let active = Arc::new(AtomicBool::new(parts.start_active));
+        let cancel = CancellationToken::new();
+        let shared = Shared {
+            topology: parts.topology.clone(),
+            layout: parts.layout.clone(),
+            table: table.clone(),
+            routes: routes.clone(),
+            errors: parts.errors,
+            active: active.clone(),
+            cancel: cancel.clone(),
+        };
+        let mut runtime = WorkerRuntime {
+            executors: Vec::new(),
+            active,
+            cancel,
+            routes,
+            table,
+            layout: parts.layout,
+            inboxes,
+        };
+        for (id, component, local, rx) in queues {
+            match executor::spawn(&shared, id, component, rx, &local) {
+                Ok(e) => runtime.executors.push(e),
+                Err(e) => {
+                    runtime.stop();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(runtime)
+    }
+
+    /// Replaces where tasks of other workers are sent (after an assignment change).
+    pub(crate) fn set_remote(&self, remote_tasks: &BTreeMap<TaskId, usize>, remote_dests: &[Sender<Batch>]) {
+        let mut routes =
+            Routes { dest_of_task: vec![u32::MAX; self.layout.max_task() as usize + 1], dests: Vec::new() };
+        let mut local: BTreeMap<usize, u32> = BTreeMap::new();
+        for (task, tx) in &self.inboxes {
+            // One destination per local executor queue (tasks of one executor share it).
+            let dest = routes.dests.iter().position(|d| d.same_channel(tx)).unwrap_or_else(|| {
+                routes.dests.push(tx.clone());
+                routes.dests.len() - 1
+            }) as u32;
+            local.insert(task.0 as usize, dest);
+        }
+        for (task, dest) in local {
+            if let Some(slot) = routes.dest_of_task.get_mut(task) {
+                *slot = dest;
+            }
+        }
+        let base = routes.dests.len() as u32;
+        routes.dests.extend(remote_dests.iter().cloned());
+        for (task, idx) in remote_tasks {
+            if let Some(slot) = routes.dest_of_task.get_mut(task.0 as usize) {
+                *slot = base + *idx as u32;
+            }
+        }
+        self.routes.replace(routes);
+    }
+
+    /// Lets spouts emit (Storm's activate).
+    pub fn activate(&self) {
+        self.active.store(true, Ordering::Relaxed);
+    }
+
+    /// Stops spouts from emitting (Storm's deactivate); in-flight tuples still complete.
+    pub fn deactivate(&self) {
+        self.active.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether spouts are active.
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Statistics of every executor.
+    pub fn stats(&self) -> Vec<Arc<ExecStats>> {
+        self.executors.iter().map(|e| e.stats.clone()).collect()
+    }
+
+    /// Statistics of the executors of `component`.
+    pub fn component_stats(&self, component: &str) -> Vec<Arc<ExecStats>> {
+        self.executors.iter().filter(|e| e.component.as_str() == component).map(|e| e.stats.clone()).collect()
+    }
+
+    /// Spout tuples still pending in this worker.
+    pub fn pending(&self) -> u64 {
+        self.executors.iter().filter(|e| e.is_spout).map(|e| e.stats.pending.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Graceful stop: deactivate spouts, wait up to `drain` for pending tuples to complete,
+    /// then stop every executor and wait for its thread.
+    pub fn shutdown(mut self, drain: Duration) {
+        self.deactivate();
+        let deadline = Instant::now() + drain;
+        while self.pending() > 0 && Instant::now() < deadline {
+            std::thread::sleep(DRAIN_POLL);
+        }
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.cancel.cancel();
+        for e in &mut self.executors {
+            if let Some(t) = e.thread.take()
+                && t.join().is_err()
+            {
+                tracing::error!(executor = %e.id, component = %e.component, "executor thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for WorkerRuntime {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Which of `workers` virtual workers runs each executor: round-robin over executors in id
+/// order (what the even scheduler does on an empty cluster).
+pub fn local_placement(layout: &TaskLayout, workers: u32) -> BTreeMap<ExecutorId, u32> {
+    let execs: Vec<ExecutorId> = layout.executors.keys().copied().collect();
+    let mut out = BTreeMap::new();
+    let workers = workers.max(1) as usize;
+    for (i, e) in execs.iter().enumerate() {
+        out.insert(*e, (i % workers) as u32);
+    }
+    out
+}
+
+/// A whole topology running in this process: `topology.workers` virtual workers whose
+/// executors pass tuples without serialisation (used by `squall local` and tests).
+#[derive(Debug)]
+pub struct LocalCluster {
+    runtime: WorkerRuntime,
+    errors: std::sync::Mutex<tokio::sync::mpsc::Receiver<ErrorReport>>,
+}
+
+impl LocalCluster {
+    /// Starts every executor of `topology`, spread over `topology.workers` virtual workers,
+    /// with spouts active.
+    pub fn start(topology: Topology) -> Result<Self> {
+        let topology = Arc::new(topology);
+        let layout = Arc::new(TaskLayout::compute(&topology.component_parallelism()));
+        let placement = local_placement(&layout, topology.config().workers);
+        let mut worker_tasks: BTreeMap<u32, BTreeSet<TaskId>> = BTreeMap::new();
+        for (e, w) in &placement {
+            worker_tasks.entry(*w).or_default().extend(e.tasks());
+        }
+        let worker_tasks: BTreeMap<u32, Arc<BTreeSet<TaskId>>> =
+            worker_tasks.into_iter().map(|(w, t)| (w, Arc::new(t))).collect();
+        let executors =
+            placement.iter().map(|(e, w)| (*e, worker_tasks.get(w).cloned().unwrap_or_default())).collect();
+        let (err_tx, err_rx) = tokio::sync::mpsc::channel(1024);
+        let runtime = WorkerRuntime::start(RuntimeParts {
+            topology,
+            layout,
+            executors,
+            remote_tasks: BTreeMap::new(),
+            remote_dests: Vec::new(),
+            errors: Some(err_tx),
+            start_active: true,
+        })?;
+        Ok(LocalCluster { runtime, errors: std::sync::Mutex::new(err_rx) })
+    }
+
+    /// The running executors.
+    pub fn runtime(&self) -> &WorkerRuntime {
+        &self.runtime
+    }
+
+    /// Task ids of `component`.
+    pub fn tasks_of(&self, component: &str) -> Vec<TaskId> {
+        ComponentId::new(component)
+            .ok()
+            .and_then(|c| self.runtime.layout.component_tasks.get(&c).cloned())
+            .unwrap_or_default()
+    }
+
+    /// Errors reported by components so far (drained).
+    pub fn take_errors(&self) -> Vec<ErrorReport> {
+        let mut out = Vec::new();
+        if let Ok(mut rx) = self.errors.lock() {
+            while let Ok(e) = rx.try_recv() {
+                out.push(e);
+            }
+        }
+        out
+    }
+
+    /// Graceful stop (see [`WorkerRuntime::shutdown`]).
+    pub fn shutdown(self, drain: Duration) {
+        self.runtime.shutdown(drain);
+    }
+}

@@ -1,0 +1,522 @@
+//! The inter-worker transport: length-delimited, batched frames over TCP, one connection per
+//! peer, and a receiver that dispatches by task id.
+//!
+//! Frame: `u32` big-endian payload length, then the payload. The first frame on a connection
+//! is the hello (`SQL1` and the topology id); a receiver drops connections from other
+//! topologies (a stale worker on a reused port). Every later frame is a batch: `u32` count,
+//! then envelopes:
+//!
+//! ```text
+//! tuple: 0u8, task u32, source task u32, stream index u32, anchors u16 x (root u64, edge u64),
+//!        values u16 x (tag u8, value)   tag: 0 null, 1 bool u8, 2 int i64, 3 float f64,
+//!                                             4 str u32+bytes, 5 bytes u32+bytes
+//! ack:   1u8, task u32, kind u8 (0 init, 1 ack, 2 fail, 3 done), root u64, val u64, extra u32
+//!        (init: spout task; done: 1 ok / 0 failed)
+//! ```
+//! Integers are little-endian inside the payload. Stream indices are the same in every worker
+//! because they come from the topology definition alone.
+//!
+//! Senders are threads: each peer has a bounded queue of batches; its thread coalesces them into
+//! frames of up to [`MAX_FRAME_ENVELOPES`]. While a peer is unreachable its batches are dropped (acking
+//! replays them) and the thread reconnects with backoff, so one dead worker does not stall the rest.
+
+use std::collections::BTreeMap;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use cluster_state::ids::TaskId;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
+use crate::acker::AckMsg;
+use crate::collector::{Batch, Envelope};
+use crate::error::{Error, Result};
+use crate::executor::StreamTable;
+use crate::tuple::{Anchor, Tuple, Value};
+
+const MAGIC: &[u8; 4] = b"SQL1";
+/// Buffer size of a connection's reader and writer.
+pub const MAX_FRAME_BYTES: usize = 256 * 1024;
+/// A sender coalesces queued batches into one frame up to this many envelopes.
+pub const MAX_FRAME_ENVELOPES: usize = 4096;
+/// Frames above this are refused as corrupt.
+const FRAME_LIMIT: usize = 64 * 1024 * 1024;
+/// Batches a peer's send queue holds before executors block on it.
+const PEER_QUEUE_BATCHES: usize = 1024;
+const RECONNECT_MIN: Duration = Duration::from_millis(50);
+const RECONNECT_MAX: Duration = Duration::from_secs(1);
+const POLL: Duration = Duration::from_millis(50);
+
+fn bad(peer: &str, reason: impl Into<String>) -> Error {
+    Error::BadFrame { peer: peer.to_owned(), reason: reason.into() }
+}
+
+/// Appends the encoding of `batch` (count and envelopes) to `out`.
+pub(crate) fn encode_batch(batch: &[Envelope], out: &mut BytesMut) {
+    out.put_u32_le(batch.len() as u32);
+    for env in batch {
+        match env {
+            Envelope::Tuple { task, tuple } => {
+                out.put_u8(0);
+                out.put_u32_le(task.0);
+                out.put_u32_le(tuple.source_task.0);
+                out.put_u32_le(tuple.meta.index);
+                let anchors = tuple.anchors.as_slice();
+                out.put_u16_le(anchors.len() as u16);
+                for a in anchors {
+                    out.put_u64_le(a.root);
+                    out.put_u64_le(a.edge);
+                }
+                out.put_u16_le(tuple.values.len() as u16);
+                for v in &tuple.values {
+                    match v {
+                        Value::Null => out.put_u8(0),
+                        Value::Bool(b) => {
+                            out.put_u8(1);
+                            out.put_u8(u8::from(*b));
+                        }
+                        Value::Int(i) => {
+                            out.put_u8(2);
+                            out.put_i64_le(*i);
+                        }
+                        Value::Float(f) => {
+                            out.put_u8(3);
+                            out.put_f64_le(*f);
+                        }
+                        Value::Str(s) => {
+                            out.put_u8(4);
+                            out.put_u32_le(s.len() as u32);
+                            out.put_slice(s.as_bytes());
+                        }
+                        Value::Bytes(b) => {
+                            out.put_u8(5);
+                            out.put_u32_le(b.len() as u32);
+                            out.put_slice(b);
+                        }
+                    }
+                }
+            }
+            Envelope::Ack { task, msg } => {
+                out.put_u8(1);
+                out.put_u32_le(task.0);
+                let (kind, root, val, extra) = match *msg {
+                    AckMsg::Init { root, val, spout_task } => (0u8, root, val, spout_task.0),
+                    AckMsg::Ack { root, val } => (1, root, val, 0),
+                    AckMsg::Fail { root } => (2, root, 0, 0),
+                    AckMsg::Done { root, ok } => (3, root, 0, u32::from(ok)),
+                };
+                out.put_u8(kind);
+                out.put_u64_le(root);
+                out.put_u64_le(val);
+                out.put_u32_le(extra);
+            }
+        }
+    }
+}
+
+/// Checks that `buf` holds `n` more bytes.
+fn need(buf: &Bytes, n: usize, peer: &str) -> Result<()> {
+    if buf.remaining() < n { Err(bad(peer, "truncated batch")) } else { Ok(()) }
+}
+
+/// Decodes one batch payload.
+pub(crate) fn decode_batch(mut buf: Bytes, table: &StreamTable, peer: &str) -> Result<Batch> {
+    need(&buf, 4, peer)?;
+    let count = buf.get_u32_le() as usize;
+    let mut out = Vec::with_capacity(count.min(65_536));
+    for _ in 0..count {
+        need(&buf, 5, peer)?;
+        let tag = buf.get_u8();
+        let task = TaskId(buf.get_u32_le());
+        match tag {
+            0 => {
+                need(&buf, 10, peer)?;
+                let source_task = TaskId(buf.get_u32_le());
+                let index = buf.get_u32_le() as usize;
+                let meta = table
+                    .metas
+                    .get(index)
+                    .cloned()
+                    .ok_or_else(|| bad(peer, format!("unknown stream index {index}")))?;
+                let n = buf.get_u16_le() as usize;
+                need(&buf, n * 16 + 2, peer)?;
+                let anchors =
+                    (0..n).map(|_| Anchor { root: buf.get_u64_le(), edge: buf.get_u64_le() }).collect();
+                let n = buf.get_u16_le() as usize;
+                let mut values = Vec::with_capacity(n);
+                for _ in 0..n {
+                    need(&buf, 1, peer)?;
+                    let v = match buf.get_u8() {
+                        0 => Value::Null,
+                        1 => {
+                            need(&buf, 1, peer)?;
+                            Value::Bool(buf.get_u8() != 0)
+                        }
+                        2 => {
+                            need(&buf, 8, peer)?;
+                            Value::Int(buf.get_i64_le())
+                        }
+                        3 => {
+                            need(&buf, 8, peer)?;
+                            Value::Float(buf.get_f64_le())
+                        }
+                        t @ (4 | 5) => {
+                            need(&buf, 4, peer)?;
+                            let len = buf.get_u32_le() as usize;
+                            need(&buf, len, peer)?;
+                            let bytes = buf.split_to(len);
+                            if t == 4 {
+                                let s = std::str::from_utf8(&bytes)
+                                    .map_err(|_| bad(peer, "string value is not UTF-8"))?;
+                                Value::Str(Arc::from(s))
+                            } else {
+                                Value::Bytes(bytes)
+                            }
+                        }
+                        t => return Err(bad(peer, format!("unknown value tag {t}"))),
+                    };
+                    values.push(v);
+                }
+                if values.len() != meta.fields.len() {
+                    return Err(bad(
+                        peer,
+                        format!("{} values for stream {:?} of {}", values.len(), meta.stream, meta.component),
+                    ));
+                }
+                out.push(Envelope::Tuple {
+                    task,
+                    tuple: Tuple { values, meta, source_task, anchors, ack_val: 0.into() },
+                });
+            }
+            1 => {
+                need(&buf, 21, peer)?;
+                let kind = buf.get_u8();
+                let root = buf.get_u64_le();
+                let val = buf.get_u64_le();
+                let extra = buf.get_u32_le();
+                let msg = match kind {
+                    0 => AckMsg::Init { root, val, spout_task: TaskId(extra) },
+                    1 => AckMsg::Ack { root, val },
+                    2 => AckMsg::Fail { root },
+                    3 => AckMsg::Done { root, ok: extra != 0 },
+                    k => return Err(bad(peer, format!("unknown ack kind {k}"))),
+                };
+                out.push(Envelope::Ack { task, msg });
+            }
+            t => return Err(bad(peer, format!("unknown envelope tag {t}"))),
+        }
+    }
+    if buf.has_remaining() {
+        return Err(bad(peer, "trailing bytes after batch"));
+    }
+    Ok(out)
+}
+
+fn hello(topology_id: &str) -> Vec<u8> {
+    let mut v = Vec::with_capacity(8 + topology_id.len());
+    v.extend_from_slice(MAGIC);
+    v.extend_from_slice(topology_id.as_bytes());
+    v
+}
+
+fn write_frame(w: &mut impl Write, payload: &[u8]) -> std::io::Result<()> {
+    w.write_all(&(payload.len() as u32).to_be_bytes())?;
+    w.write_all(payload)
+}
+
+fn read_frame(r: &mut impl Read, peer: &str) -> Result<Option<Bytes>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(Error::io(format!("read from {peer}"), e)),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > FRAME_LIMIT {
+        return Err(bad(peer, format!("frame of {len} bytes exceeds the limit")));
+    }
+    let mut buf = vec![0u8; len];
+    r.read_exact(&mut buf).map_err(|e| Error::io(format!("read from {peer}"), e))?;
+    Ok(Some(Bytes::from(buf)))
+}
+
+/// Counters of the transport, for metrics and tests.
+#[derive(Debug, Default)]
+pub struct TransportStats {
+    pub frames_sent: AtomicU64,
+    pub batches_dropped: AtomicU64,
+    pub connects: AtomicU64,
+    pub frames_received: AtomicU64,
+    /// Peer connections accepted (with a valid hello).
+    pub accepted: AtomicU64,
+}
+
+/// The connection to one peer worker: a queue and the thread draining it.
+#[derive(Debug)]
+pub(crate) struct PeerSender {
+    pub(crate) tx: Sender<Batch>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl PeerSender {
+    /// Starts the thread for the peer at `host:port`.
+    pub(crate) fn start(
+        host: String,
+        port: u16,
+        topology_id: String,
+        stats: Arc<TransportStats>,
+    ) -> Result<Self> {
+        let (tx, rx) = crossbeam_channel::bounded(PEER_QUEUE_BATCHES);
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("send-{host}:{port}"))
+            .spawn(move || send_loop(&host, port, &topology_id, &rx, &s, &stats))
+            .map_err(|e| Error::io("start peer sender thread", e))?;
+        Ok(PeerSender { tx, stop, thread: Some(thread) })
+    }
+
+    /// Flushes what is queued (if connected) and stops the thread.
+    pub(crate) fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for PeerSender {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn connect(host: &str, port: u16) -> std::io::Result<TcpStream> {
+    let addrs: Vec<SocketAddr> = (host, port).to_socket_addrs()?.collect();
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, Duration::from_secs(2)) {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                return Ok(s);
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+fn send_loop(
+    host: &str,
+    port: u16,
+    topology_id: &str,
+    rx: &Receiver<Batch>,
+    stop: &AtomicBool,
+    stats: &TransportStats,
+) {
+    let mut conn: Option<BufWriter<TcpStream>> = None;
+    let mut backoff = RECONNECT_MIN;
+    let mut next_attempt = std::time::Instant::now();
+    let mut frame = BytesMut::with_capacity(MAX_FRAME_BYTES + 4096);
+    loop {
+        if conn.is_none() && std::time::Instant::now() >= next_attempt {
+            match connect(host, port).and_then(|s| {
+                let mut w = BufWriter::with_capacity(MAX_FRAME_BYTES + 4096, s);
+                write_frame(&mut w, &hello(topology_id))?;
+                w.flush()?;
+                Ok(w)
+            }) {
+                Ok(w) => {
+                    tracing::info!(peer = %format!("{host}:{port}"), "connected to peer worker");
+                    stats.connects.fetch_add(1, Ordering::Relaxed);
+                    conn = Some(w);
+                    backoff = RECONNECT_MIN;
+                }
+                Err(e) => {
+                    tracing::debug!(peer = %format!("{host}:{port}"), error = %e, "peer worker unreachable");
+                    next_attempt = std::time::Instant::now() + backoff;
+                    backoff = (backoff * 2).min(RECONNECT_MAX);
+                }
+            }
+        }
+        let first = match rx.recv_timeout(POLL) {
+            Ok(b) => b,
+            Err(RecvTimeoutError::Timeout) => {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        let Some(w) = conn.as_mut() else {
+            stats.batches_dropped.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        // Coalesce queued batches into one frame: one count, all envelopes.
+        let mut envelopes: Batch = first;
+        while envelopes.len() < MAX_FRAME_ENVELOPES {
+            let Ok(more) = rx.try_recv() else { break };
+            envelopes.extend(more);
+        }
+        frame.clear();
+        frame.put_u32(0); // length, patched below
+        encode_batch(&envelopes, &mut frame);
+        let len = (frame.len() - 4) as u32;
+        frame[..4].copy_from_slice(&len.to_be_bytes());
+        let ok = w.write_all(&frame).and_then(|()| if rx.is_empty() { w.flush() } else { Ok(()) });
+        match ok {
+            Ok(()) => {
+                stats.frames_sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                tracing::warn!(peer = %format!("{host}:{port}"), error = %e, "lost connection to peer worker");
+                stats.batches_dropped.fetch_add(1, Ordering::Relaxed);
+                conn = None;
+                next_attempt = std::time::Instant::now();
+            }
+        }
+        if stop.load(Ordering::Relaxed) && rx.is_empty() {
+            if let Some(w) = conn.as_mut() {
+                let _ = w.flush();
+            }
+            return;
+        }
+    }
+}
+
+/// Accepts peer connections on the worker's port and dispatches received envelopes to the
+/// local executors' inboxes.
+#[derive(Debug)]
+pub(crate) struct PeerReceiver {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Where received envelopes go: the inbox of each local task.
+pub(crate) type Dispatch = Arc<BTreeMap<TaskId, Sender<Batch>>>;
+
+impl PeerReceiver {
+    /// Binds `bind:port` and starts accepting.
+    pub(crate) fn start(
+        bind: &str,
+        port: u16,
+        topology_id: String,
+        table: Arc<StreamTable>,
+        dispatch: Dispatch,
+        stats: Arc<TransportStats>,
+    ) -> Result<Self> {
+        let listener =
+            TcpListener::bind((bind, port)).map_err(|e| Error::io(format!("bind {bind}:{port}"), e))?;
+        let addr = listener.local_addr().map_err(|e| Error::io("local address", e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let (s, c) = (stop.clone(), conns.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("accept-{port}"))
+            .spawn(move || {
+                for stream in listener.incoming() {
+                    if s.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let Ok(stream) = stream else { continue };
+                    if let Ok(clone) = stream.try_clone()
+                        && let Ok(mut g) = c.lock()
+                    {
+                        g.retain(|s| s.peer_addr().is_ok());
+                        g.push(clone);
+                    }
+                    let (t, table, dispatch, stats) =
+                        (topology_id.clone(), table.clone(), dispatch.clone(), stats.clone());
+                    let peer = stream.peer_addr().map_or_else(|_| "?".to_owned(), |a| a.to_string());
+                    let spawned = std::thread::Builder::new().name(format!("recv-{peer}")).spawn(move || {
+                        if let Err(e) = receive_loop(stream, &peer, &t, &table, &dispatch, &stats) {
+                            tracing::warn!(%peer, error = %e, "peer connection closed");
+                        }
+                    });
+                    if let Err(e) = spawned {
+                        tracing::error!(error = %e, "cannot start a receiver thread");
+                    }
+                }
+            })
+            .map_err(|e| Error::io("start accept thread", e))?;
+        Ok(PeerReceiver { addr, stop, conns, thread: Some(thread) })
+    }
+
+    /// The bound address.
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting and closes every connection.
+    pub(crate) fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Wake the blocking accept.
+        let _ = TcpStream::connect_timeout(
+            &SocketAddr::from(([127, 0, 0, 1], self.addr.port())),
+            Duration::from_secs(1),
+        );
+        if let Ok(g) = self.conns.lock() {
+            for s in g.iter() {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for PeerReceiver {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.shutdown();
+        }
+    }
+}
+
+fn receive_loop(
+    stream: TcpStream,
+    peer: &str,
+    topology_id: &str,
+    table: &StreamTable,
+    dispatch: &BTreeMap<TaskId, Sender<Batch>>,
+    stats: &TransportStats,
+) -> Result<()> {
+    let mut r = BufReader::with_capacity(MAX_FRAME_BYTES, stream);
+    let Some(h) = read_frame(&mut r, peer)? else { return Ok(()) };
+    if h[..] != hello(topology_id)[..] {
+        return Err(bad(peer, "hello from another topology or protocol"));
+    }
+    stats.accepted.fetch_add(1, Ordering::Relaxed);
+    // Envelopes grouped per destination inbox, reused across frames.
+    let mut groups: Vec<(Sender<Batch>, Batch)> = Vec::new();
+    while let Some(frame) = read_frame(&mut r, peer)? {
+        stats.frames_received.fetch_add(1, Ordering::Relaxed);
+        for env in decode_batch(frame, table, peer)? {
+            let Some(tx) = dispatch.get(&env.task()) else { continue };
+            match groups.iter_mut().find(|(t, _)| t.same_channel(tx)) {
+                Some((_, b)) => b.push(env),
+                None => groups.push((tx.clone(), vec![env])),
+            }
+        }
+        for (tx, b) in &mut groups {
+            if !b.is_empty() {
+                // Blocks when a bolt's queue is full: backpressure reaches the peer through TCP.
+                let _ = tx.send(std::mem::take(b));
+            }
+        }
+    }
+    Ok(())
+}

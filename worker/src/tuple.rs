@@ -1,0 +1,372 @@
+//! Tuples: named fields, dynamically typed values, and the ids that tie a tuple into its
+//! spout tuple's tree.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use cluster_state::ids::{ComponentId, TaskId};
+
+/// Storm's default stream id.
+pub const DEFAULT_STREAM: &str = "default";
+/// The stream of tick tuples (Storm's `__tick`).
+pub const TICK_STREAM: &str = "__tick";
+/// The component tick tuples come from (Storm's `__system`).
+pub const SYSTEM_COMPONENT: &str = "__system";
+
+/// One dynamically typed value of a tuple.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    /// Text; cloning shares the buffer.
+    Str(Arc<str>),
+    /// Raw bytes; cloning shares the buffer.
+    Bytes(Bytes),
+}
+
+impl Value {
+    /// The text, if this is a [`Value::Str`].
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The integer, if this is a [`Value::Int`].
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            Value::Int(i) => Some(*i),
+            _ => None,
+        }
+    }
+
+    /// The float, if this is a [`Value::Float`] (or an [`Value::Int`], widened).
+    pub fn as_float(&self) -> Option<f64> {
+        match self {
+            Value::Float(f) => Some(*f),
+            Value::Int(i) => Some(*i as f64),
+            _ => None,
+        }
+    }
+
+    /// The bytes, if this is a [`Value::Bytes`].
+    pub fn as_bytes(&self) -> Option<&Bytes> {
+        match self {
+            Value::Bytes(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// A hash that is the same in every process and Squall version (FNV-1a over a type tag and
+    /// the value's bytes): fields grouping must send equal keys to the same task whichever
+    /// worker emits them.
+    pub fn stable_hash(&self, mut h: u64) -> u64 {
+        fn mix(mut h: u64, bytes: &[u8]) -> u64 {
+            for b in bytes {
+                h ^= u64::from(*b);
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+            h
+        }
+        match self {
+            Value::Null => mix(h, &[0]),
+            Value::Bool(b) => mix(h, &[1, u8::from(*b)]),
+            Value::Int(i) => {
+                h = mix(h, &[2]);
+                mix(h, &i.to_le_bytes())
+            }
+            Value::Float(f) => {
+                h = mix(h, &[3]);
+                mix(h, &f.to_bits().to_le_bytes())
+            }
+            Value::Str(s) => {
+                h = mix(h, &[4]);
+                mix(h, s.as_bytes())
+            }
+            Value::Bytes(b) => {
+                h = mix(h, &[5]);
+                mix(h, b)
+            }
+        }
+    }
+}
+
+/// FNV-1a's offset basis, the seed of [`Value::stable_hash`].
+pub const HASH_SEED: u64 = 0xcbf2_9ce4_8422_2325;
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Null => f.write_str("null"),
+            Value::Bool(b) => b.fmt(f),
+            Value::Int(i) => i.fmt(f),
+            Value::Float(x) => x.fmt(f),
+            Value::Str(s) => f.write_str(s),
+            Value::Bytes(b) => write!(f, "<{} bytes>", b.len()),
+        }
+    }
+}
+
+impl From<&str> for Value {
+    fn from(s: &str) -> Self {
+        Value::Str(Arc::from(s))
+    }
+}
+impl From<String> for Value {
+    fn from(s: String) -> Self {
+        Value::Str(Arc::from(s))
+    }
+}
+impl From<Arc<str>> for Value {
+    fn from(s: Arc<str>) -> Self {
+        Value::Str(s)
+    }
+}
+impl From<i64> for Value {
+    fn from(i: i64) -> Self {
+        Value::Int(i)
+    }
+}
+impl From<u32> for Value {
+    fn from(i: u32) -> Self {
+        Value::Int(i64::from(i))
+    }
+}
+impl From<i32> for Value {
+    fn from(i: i32) -> Self {
+        Value::Int(i64::from(i))
+    }
+}
+impl From<f64> for Value {
+    fn from(f: f64) -> Self {
+        Value::Float(f)
+    }
+}
+impl From<bool> for Value {
+    fn from(b: bool) -> Self {
+        Value::Bool(b)
+    }
+}
+impl From<Bytes> for Value {
+    fn from(b: Bytes) -> Self {
+        Value::Bytes(b)
+    }
+}
+
+/// The values of one tuple, in the order of its stream's fields.
+pub type Values = Vec<Value>;
+
+/// Builds [`Values`] from expressions convertible into [`Value`]: `values!["word", 1i64]`.
+#[macro_export]
+macro_rules! values {
+    ($($v:expr),* $(,)?) => { vec![$($crate::Value::from($v)),*] };
+}
+
+/// The declared field names of a stream.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Fields(Vec<String>);
+
+impl Fields {
+    /// Fields with these names, in order.
+    pub fn new<I, S>(names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Fields(names.into_iter().map(Into::into).collect())
+    }
+
+    /// The position of `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.0.iter().position(|f| f == name)
+    }
+
+    /// The names, in order.
+    pub fn names(&self) -> &[String] {
+        &self.0
+    }
+
+    /// How many fields.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are no fields.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// What every tuple of one stream shares: where it comes from and its field names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamMeta {
+    /// The emitting component.
+    pub component: ComponentId,
+    /// The stream id.
+    pub stream: String,
+    /// The declared fields.
+    pub fields: Fields,
+    /// The stream's index in the topology's stream table (the same in every worker).
+    pub(crate) index: u32,
+}
+
+/// A spout tuple tree this tuple belongs to: the tree's root id and this tuple's edge id in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Anchor {
+    pub root: u64,
+    pub edge: u64,
+}
+
+/// A tuple's anchors, inline for the usual zero or one tree (no allocation per tuple).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) enum Anchors {
+    #[default]
+    None,
+    One(Anchor),
+    Many(Vec<Anchor>),
+}
+
+impl Anchors {
+    pub(crate) fn as_slice(&self) -> &[Anchor] {
+        match self {
+            Anchors::None => &[],
+            Anchors::One(a) => std::slice::from_ref(a),
+            Anchors::Many(v) => v,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.as_slice().is_empty()
+    }
+
+    /// XORs `edge` into the entry for `root`, adding the entry if missing.
+    pub(crate) fn xor_edge(&mut self, root: u64, edge: u64) {
+        match self {
+            Anchors::None => *self = Anchors::One(Anchor { root, edge }),
+            Anchors::One(a) if a.root == root => a.edge ^= edge,
+            Anchors::One(a) => *self = Anchors::Many(vec![*a, Anchor { root, edge }]),
+            Anchors::Many(v) => match v.iter_mut().find(|a| a.root == root) {
+                Some(a) => a.edge ^= edge,
+                None => v.push(Anchor { root, edge }),
+            },
+        }
+    }
+}
+
+impl FromIterator<Anchor> for Anchors {
+    fn from_iter<I: IntoIterator<Item = Anchor>>(iter: I) -> Self {
+        let mut out = Anchors::None;
+        for a in iter {
+            out = match out {
+                Anchors::None => Anchors::One(a),
+                Anchors::One(first) => Anchors::Many(vec![first, a]),
+                Anchors::Many(mut v) => {
+                    v.push(a);
+                    Anchors::Many(v)
+                }
+            };
+        }
+        out
+    }
+}
+
+/// A tuple as a bolt receives it.
+#[derive(Debug, Clone)]
+pub struct Tuple {
+    pub(crate) values: Values,
+    pub(crate) meta: Arc<StreamMeta>,
+    pub(crate) source_task: TaskId,
+    /// Empty for an unanchored tuple; otherwise one entry per spout tree it belongs to.
+    pub(crate) anchors: Anchors,
+    /// XOR of the edge ids of tuples anchored to this one (Storm's `ackVal`).
+    pub(crate) ack_val: AckVal,
+}
+
+/// The XOR of edges anchored to a received tuple. Atomic only so that a `Tuple` stays `Sync`;
+/// it is touched by one executor thread.
+#[derive(Debug, Default)]
+pub(crate) struct AckVal(AtomicU64);
+
+impl AckVal {
+    pub(crate) fn xor(&self, edge: u64) {
+        self.0.fetch_xor(edge, Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl Clone for AckVal {
+    fn clone(&self) -> Self {
+        AckVal(AtomicU64::new(self.get()))
+    }
+}
+
+impl From<u64> for AckVal {
+    fn from(v: u64) -> Self {
+        AckVal(AtomicU64::new(v))
+    }
+}
+
+impl Tuple {
+    /// The values, in field order.
+    pub fn values(&self) -> &[Value] {
+        &self.values
+    }
+
+    /// The value at `index`.
+    pub fn get(&self, index: usize) -> Option<&Value> {
+        self.values.get(index)
+    }
+
+    /// The value of field `name`.
+    pub fn get_by_field(&self, name: &str) -> Option<&Value> {
+        self.meta.fields.index_of(name).and_then(|i| self.values.get(i))
+    }
+
+    /// The text at `index`, if it is text.
+    pub fn get_str(&self, index: usize) -> Option<&str> {
+        self.get(index).and_then(Value::as_str)
+    }
+
+    /// The integer at `index`, if it is one.
+    pub fn get_int(&self, index: usize) -> Option<i64> {
+        self.get(index).and_then(Value::as_int)
+    }
+
+    /// The stream's fields.
+    pub fn fields(&self) -> &Fields {
+        &self.meta.fields
+    }
+
+    /// The emitting component.
+    pub fn source_component(&self) -> &ComponentId {
+        &self.meta.component
+    }
+
+    /// The stream the tuple came on.
+    pub fn source_stream(&self) -> &str {
+        &self.meta.stream
+    }
+
+    /// The emitting task.
+    pub fn source_task(&self) -> TaskId {
+        self.source_task
+    }
+
+    /// Whether this is a tick tuple (Storm's `TupleUtils.isTick`).
+    pub fn is_tick(&self) -> bool {
+        self.meta.stream == TICK_STREAM && self.meta.component.as_str() == SYSTEM_COMPONENT
+    }
+
+    /// The spout trees this tuple is part of (empty when unanchored or acking is off).
+    pub fn anchors(&self) -> &[Anchor] {
+        self.anchors.as_slice()
+    }
+}

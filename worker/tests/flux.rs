@@ -1,0 +1,188 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The Flux loader: a good file loads; each bad file is rejected with an error naming the
+//! element and line, and nothing runs.
+
+use worker::{Error, Registry};
+
+const GOOD: &str = r#"
+name: wordcount
+config:
+  topology.workers: 2
+  topology.max.spout.pending: 1000
+spouts:
+  - id: sentences
+    className: sentence-generator
+    parallelism: 1
+    params: {rate_per_sec: 1000, count: 100}
+bolts:
+  - id: split
+    className: split-sentence
+    parallelism: 2
+  - id: count
+    className: word-count
+    parallelism: 3
+    numTasks: 6
+streams:
+  - name: "sentences --> split"
+    from: sentences
+    to: split
+    grouping:
+      type: SHUFFLE
+  - from: split
+    to: count
+    grouping:
+      type: FIELDS
+      args: [word]
+"#;
+
+fn load(text: &str) -> Result<worker::Topology, Error> {
+    Registry::with_builtins().load_str(text)
+}
+
+#[test]
+fn a_good_file_loads_with_storm_defaults_for_the_rest() {
+    let t = load(GOOD).unwrap();
+    assert_eq!(t.name(), "wordcount");
+    assert_eq!(t.config().workers, 2);
+    assert_eq!(t.config().max_spout_pending, Some(1000));
+    assert_eq!(t.config().message_timeout_secs, 30);
+    let execs: Vec<(String, u32)> =
+        t.component_executors().into_iter().map(|(c, n)| (c.to_string(), n)).collect();
+    assert_eq!(
+        execs,
+        vec![("__acker".into(), 2), ("count".into(), 3), ("sentences".into(), 1), ("split".into(), 2)]
+    );
+    assert_eq!(t.component("count").unwrap().num_tasks, 6);
+}
+
+/// Replaces `from` by `to` in the good file (which must contain it).
+fn bad(from: &str, to: &str) -> Error {
+    assert!(GOOD.contains(from), "test bug: {from:?} not in the good file");
+    match load(&GOOD.replacen(from, to, 1)) {
+        Ok(_) => panic!("{from:?} -> {to:?} was accepted"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn bad_files_name_the_element_and_line() {
+    // (change, expected variant check, expected message fragments)
+    type Check = fn(&Error) -> bool;
+    let cases: Vec<(&str, &str, Check, Vec<&str>)> = vec![
+        (
+            "className: word-count",
+            "className: word-counter",
+            |e| matches!(e, Error::UnknownComponent { .. }),
+            vec!["line 16", "bolts[1] \"count\" className", "\"word-counter\"", "known: filter"],
+        ),
+        (
+            "  - from: split\n    to: count",
+            "  - from: splitter\n    to: count",
+            |e| matches!(e, Error::UnknownComponent { .. }),
+            vec!["line 25", "streams[1] \"splitter --> count\"", "unknown component \"splitter\""],
+        ),
+        (
+            "    to: split\n",
+            "    to: nowhere\n",
+            |e| matches!(e, Error::UnknownComponent { .. }),
+            vec!["line 21", "streams[0] \"sentences --> split\"", "\"nowhere\""],
+        ),
+        (
+            "      type: SHUFFLE",
+            "      type: SHUFFLE\n      streamId: errors",
+            |e| matches!(e, Error::UnknownStream { .. }),
+            vec!["line 21", "streams[0]", "declares no stream \"errors\"", "known: default"],
+        ),
+        (
+            "args: [word]",
+            "args: [wrd]",
+            |e| matches!(e, Error::BadGroupingField { .. }),
+            vec!["line 25", "streams[1] \"split --> count\"", "no field \"wrd\"", "known: word"],
+        ),
+        (
+            "  - id: count",
+            "  - id: split",
+            |e| matches!(e, Error::DuplicateId { .. }),
+            vec!["line 15", "bolts[1] \"split\"", "duplicate component id \"split\""],
+        ),
+        (
+            "  - id: split",
+            "  - id: split.words",
+            |e| matches!(e, Error::BadName { .. }),
+            vec!["line 12", "bolts[0] \"split.words\"", "invalid name"],
+        ),
+        (
+            "name: wordcount",
+            "name: word:count",
+            |e| matches!(e, Error::BadName { .. }),
+            vec!["line 2", "name", "\"word:count\""],
+        ),
+        (
+            "    parallelism: 2",
+            "    paralelism: 2",
+            |e| matches!(e, Error::Yaml { .. }),
+            vec!["line 14", "unknown field `paralelism`"],
+        ),
+        (
+            "  topology.workers: 2",
+            "  topology.wrokers: 2",
+            |e| matches!(e, Error::Yaml { .. }),
+            vec!["line 4", "topology.wrokers"],
+        ),
+        (
+            "      type: SHUFFLE",
+            "      type: RANDOM",
+            |e| matches!(e, Error::Yaml { .. }),
+            vec!["line 24", "RANDOM"],
+        ),
+        (
+            "  topology.max.spout.pending: 1000",
+            "  topology.max.spout.pending: 0",
+            |e| matches!(e, Error::BadConfig { .. }),
+            vec!["topology.max.spout.pending", "at least 1"],
+        ),
+        (
+            "params: {rate_per_sec: 1000, count: 100}",
+            "params: {rate: 1000}",
+            |e| matches!(e, Error::BadParams { .. }),
+            vec!["line 7", "spouts[0] \"sentences\"", "unknown field `rate`"],
+        ),
+        (
+            "    parallelism: 3\n    numTasks: 6",
+            "    parallelism: 3\n    numTasks: 2",
+            |e| matches!(e, Error::BadParallelism { .. }),
+            vec!["bolts[1] \"count\"", "numTasks 2 is less than parallelism 3"],
+        ),
+        (
+            "      type: SHUFFLE",
+            "      type: SHUFFLE\n      args: [word]",
+            |e| matches!(e, Error::BadGrouping { .. }),
+            vec!["streams[0]", "only FIELDS grouping takes args"],
+        ),
+    ];
+    for (from, to, check, fragments) in cases {
+        let e = bad(from, to);
+        let msg = e.to_string();
+        assert!(check(&e), "{from:?} -> {to:?}: unexpected variant: {e:?}");
+        for f in fragments {
+            assert!(msg.contains(f), "{from:?} -> {to:?}: {msg:?} lacks {f:?}");
+        }
+    }
+}
+
+#[test]
+fn user_components_register_next_to_the_builtins() {
+    let mut registry = Registry::with_builtins();
+    registry.register_bolt("shout", |_| {
+        Ok(std::sync::Arc::new(|| Box::new(worker::builtin::LogSink) as Box<dyn worker::Bolt>))
+    });
+    let text = GOOD.replacen("className: word-count", "className: shout", 1);
+    assert!(registry.load_str(&text).is_ok());
+}
+
+#[test]
+fn a_missing_file_names_the_path() {
+    let e =
+        Registry::with_builtins().load_file(std::path::Path::new("/nonexistent/topology.yaml")).unwrap_err();
+    assert!(e.to_string().contains("/nonexistent/topology.yaml"), "{e}");
+}

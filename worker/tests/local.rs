@@ -1,0 +1,429 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Topologies run in-process ([`LocalCluster`]): groupings, acking, timeouts, replay,
+//! max spout pending, tick tuples and backpressure, observed through test components.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cluster_state::ids::TaskId;
+use worker::grouping::SplitMix64;
+use worker::{
+    Bolt, BoltCollector, ComponentError, Fields, LocalCluster, OutputDeclarer, Spout, SpoutCollector,
+    TopologyBuilder, TopologyConfig, TopologyContext, Tuple, Value, values,
+};
+
+/// Polls `cond` every few milliseconds until it holds or `secs` pass.
+fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out after {secs} s waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[derive(Debug, Default)]
+struct SpoutRecord {
+    acked: BTreeSet<u64>,
+    failed: Vec<u64>,
+    emitted: u64,
+    in_flight: u64,
+    max_in_flight: u64,
+}
+
+/// Emits ids `0..n` as `(id, key)` with `key = k{id % keys}`; replays failures when asked.
+struct TestSpout {
+    n: u64,
+    keys: u64,
+    next: u64,
+    replay: bool,
+    reliable: bool,
+    queue: VecDeque<u64>,
+    rec: Arc<Mutex<SpoutRecord>>,
+}
+
+impl TestSpout {
+    fn new(n: u64, rec: &Arc<Mutex<SpoutRecord>>) -> Self {
+        TestSpout {
+            n,
+            keys: 50,
+            next: 0,
+            replay: false,
+            reliable: true,
+            queue: VecDeque::new(),
+            rec: rec.clone(),
+        }
+    }
+}
+
+impl Spout for TestSpout {
+    fn declare_outputs(&self, d: &mut OutputDeclarer) {
+        d.declare(Fields::new(["id", "key"]));
+    }
+
+    fn next_tuple(&mut self, out: &mut SpoutCollector<'_>) -> Result<(), ComponentError> {
+        let id = match self.queue.pop_front() {
+            Some(id) => id,
+            None if self.next < self.n => {
+                self.next += 1;
+                self.next - 1
+            }
+            None => return Ok(()),
+        };
+        {
+            let mut r = self.rec.lock().unwrap();
+            r.emitted += 1;
+            if self.reliable {
+                r.in_flight += 1;
+                r.max_in_flight = r.max_in_flight.max(r.in_flight);
+            }
+        }
+        out.emit(values![id as i64, format!("k{}", id % self.keys)], self.reliable.then_some(id))?;
+        Ok(())
+    }
+
+    fn ack(&mut self, id: u64) {
+        let mut r = self.rec.lock().unwrap();
+        r.in_flight -= 1;
+        r.acked.insert(id);
+    }
+
+    fn fail(&mut self, id: u64) {
+        let mut r = self.rec.lock().unwrap();
+        r.in_flight -= 1;
+        r.failed.push(id);
+        if self.replay {
+            self.queue.push_back(id);
+        }
+    }
+}
+
+type Seen = Arc<Mutex<Vec<(TaskId, i64, String)>>>;
+
+/// Records `(task, id, key)` of every input and acks it.
+struct Recorder {
+    seen: Seen,
+}
+
+impl Bolt for Recorder {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        let key = input.get_by_field("key").and_then(Value::as_str).unwrap_or("").to_owned();
+        self.seen.lock().unwrap().push((out.task(), input.get_int(0).unwrap_or(-1), key));
+        out.ack(input);
+        Ok(())
+    }
+}
+
+fn acked(rec: &Arc<Mutex<SpoutRecord>>) -> usize {
+    rec.lock().unwrap().acked.len()
+}
+
+fn config(f: impl FnOnce(&mut TopologyConfig)) -> TopologyConfig {
+    let mut c = TopologyConfig::default();
+    f(&mut c);
+    c
+}
+
+#[test]
+fn groupings_fields_all_global_shuffle() {
+    let rec = Arc::new(Mutex::new(SpoutRecord::default()));
+    let seen: BTreeMap<&str, Seen> =
+        ["fields", "all", "global", "shuffle"].into_iter().map(|n| (n, Seen::default())).collect();
+    let n = 4000u64;
+    let mut b = TopologyBuilder::new("groupings");
+    b.config(config(|c| c.workers = 2));
+    let r = rec.clone();
+    b.set_spout("spout", 1, move || TestSpout::new(n, &r));
+    let s = seen["fields"].clone();
+    b.set_bolt("fields", 4, move || Recorder { seen: s.clone() }).fields_grouping("spout", ["key"]);
+    let s = seen["all"].clone();
+    b.set_bolt("all", 3, move || Recorder { seen: s.clone() }).all_grouping("spout");
+    let s = seen["global"].clone();
+    b.set_bolt("global", 3, move || Recorder { seen: s.clone() }).global_grouping("spout");
+    let s = seen["shuffle"].clone();
+    b.set_bolt("shuffle", 2, move || Recorder { seen: s.clone() }).num_tasks(4).shuffle_grouping("spout");
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    wait_for(60, "every tuple tree acked", || acked(&rec) == n as usize);
+
+    // Fields: each key at exactly one task, and the keys spread over all four tasks.
+    let mut key_task: BTreeMap<String, BTreeSet<TaskId>> = BTreeMap::new();
+    for (t, _, k) in seen["fields"].lock().unwrap().iter() {
+        key_task.entry(k.clone()).or_default().insert(*t);
+    }
+    assert_eq!(key_task.len(), 50);
+    assert!(key_task.values().all(|ts| ts.len() == 1), "a key reached two tasks: {key_task:?}");
+    let used: BTreeSet<TaskId> = key_task.values().flatten().copied().collect();
+    assert_eq!(used.len(), 4);
+
+    // All: every task got every tuple.
+    let mut per_task: BTreeMap<TaskId, BTreeSet<i64>> = BTreeMap::new();
+    for (t, id, _) in seen["all"].lock().unwrap().iter() {
+        per_task.entry(*t).or_default().insert(*id);
+    }
+    assert_eq!(per_task.keys().copied().collect::<Vec<_>>(), cluster.tasks_of("all"));
+    assert!(per_task.values().all(|ids| ids.len() == n as usize));
+
+    // Global: only the lowest task id.
+    let tasks: BTreeSet<TaskId> = seen["global"].lock().unwrap().iter().map(|(t, _, _)| *t).collect();
+    assert_eq!(tasks, BTreeSet::from([cluster.tasks_of("global")[0]]));
+    assert_eq!(seen["global"].lock().unwrap().len(), n as usize);
+
+    // Shuffle: four tasks, each within 10% of an even share.
+    let mut counts: BTreeMap<TaskId, u64> = BTreeMap::new();
+    for (t, _, _) in seen["shuffle"].lock().unwrap().iter() {
+        *counts.entry(*t).or_default() += 1;
+    }
+    assert_eq!(counts.len(), 4);
+    for (t, c) in &counts {
+        let share = n as f64 / 4.0;
+        assert!((*c as f64 - share).abs() <= share * 0.1, "task {t} got {c} of {n}");
+    }
+    assert!(rec.lock().unwrap().failed.is_empty());
+    cluster.shutdown(Duration::from_secs(1));
+}
+
+/// Emits `children` anchored children per input, then acks the input.
+struct Fanout {
+    children: i64,
+}
+
+impl Bolt for Fanout {
+    fn declare_outputs(&self, d: &mut OutputDeclarer) {
+        d.declare(Fields::new(["id", "child"]));
+    }
+
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        let id = input.get_int(0).unwrap_or(-1);
+        for c in 0..self.children {
+            out.emit(&[input], values![id, c])?;
+        }
+        out.ack(input);
+        Ok(())
+    }
+}
+
+/// Holds every input unacked until `release` is set, then acks them on the next tick tuple.
+struct Holder {
+    held: Vec<Tuple>,
+    received: Arc<AtomicU64>,
+    ticks: Arc<AtomicU64>,
+    release: Arc<AtomicBool>,
+}
+
+impl Bolt for Holder {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        if input.is_tick() {
+            self.ticks.fetch_add(1, Ordering::Relaxed);
+            if self.release.load(Ordering::Relaxed) {
+                for t in self.held.drain(..) {
+                    out.ack(&t);
+                }
+            }
+        } else {
+            self.received.fetch_add(1, Ordering::Relaxed);
+            self.held.push(input.clone());
+        }
+        Ok(())
+    }
+
+    fn tick_tuple_freq_secs(&self) -> Option<u64> {
+        Some(1)
+    }
+}
+
+#[test]
+fn a_tuple_tree_completes_exactly_when_every_descendant_is_acked() {
+    let rec = Arc::new(Mutex::new(SpoutRecord::default()));
+    let (received, ticks, release) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+    let n = 20u64;
+    let mut b = TopologyBuilder::new("tree");
+    let r = rec.clone();
+    b.set_spout("spout", 1, move || TestSpout::new(n, &r));
+    b.set_bolt("fanout", 2, || Fanout { children: 3 }).shuffle_grouping("spout");
+    let (rc, tk, rl) = (received.clone(), ticks.clone(), release.clone());
+    b.set_bolt("holder", 2, move || Holder {
+        held: Vec::new(),
+        received: rc.clone(),
+        ticks: tk.clone(),
+        release: rl.clone(),
+    })
+    .shuffle_grouping("fanout");
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+
+    // Every child is held and a tick has passed: the spout tuples and fanout acks are in, the
+    // children's are not, so no tree may be complete.
+    wait_for(30, "all children at the holders", || received.load(Ordering::Relaxed) == 3 * n);
+    let t0 = ticks.load(Ordering::Relaxed);
+    wait_for(30, "a tick after the children arrived", || ticks.load(Ordering::Relaxed) > t0 + 2);
+    assert_eq!(acked(&rec), 0, "a tree completed before its children were acked");
+    assert!(rec.lock().unwrap().failed.is_empty());
+
+    release.store(true, Ordering::Relaxed);
+    wait_for(30, "every tree complete", || acked(&rec) == n as usize);
+    assert!(rec.lock().unwrap().failed.is_empty());
+    cluster.shutdown(Duration::from_secs(1));
+}
+
+/// Acks everything except the tuple with id `drop`, which it silently drops.
+struct Dropper {
+    drop: i64,
+}
+
+impl Bolt for Dropper {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        if input.get_int(0) != Some(self.drop) {
+            out.ack(input);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_dropped_tuple_times_out_and_fails() {
+    let rec = Arc::new(Mutex::new(SpoutRecord::default()));
+    let mut b = TopologyBuilder::new("timeout");
+    b.config(config(|c| c.message_timeout_secs = 1));
+    let r = rec.clone();
+    b.set_spout("spout", 1, move || TestSpout::new(10, &r));
+    b.set_bolt("dropper", 1, || Dropper { drop: 7 }).shuffle_grouping("spout");
+    let started = Instant::now();
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    wait_for(10, "the dropped tuple to fail", || !rec.lock().unwrap().failed.is_empty());
+    // Between one and two message timeouts (rotating buckets), not at once.
+    assert!(started.elapsed() >= Duration::from_millis(900), "failed too early: {:?}", started.elapsed());
+    let r = rec.lock().unwrap();
+    assert_eq!(r.failed, vec![7]);
+    assert_eq!(r.acked, (0..10).filter(|i| *i != 7).collect());
+    drop(r);
+    cluster.shutdown(Duration::from_secs(1));
+}
+
+/// Fails about a third of its inputs at random, acks the rest.
+struct Flaky {
+    rng: SplitMix64,
+}
+
+impl Bolt for Flaky {
+    fn prepare(&mut self, ctx: &TopologyContext) -> Result<(), ComponentError> {
+        self.rng = SplitMix64::new(u64::from(ctx.task_id.0));
+        Ok(())
+    }
+
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        if self.rng.below(3) == 0 {
+            out.fail(input)
+        } else {
+            out.ack(input)
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_randomly_failing_bolt_still_gets_every_message_acked_by_replay() {
+    let rec = Arc::new(Mutex::new(SpoutRecord::default()));
+    let n = 1000u64;
+    let mut b = TopologyBuilder::new("flaky");
+    let r = rec.clone();
+    b.set_spout("spout", 1, move || TestSpout { replay: true, ..TestSpout::new(n, &r) });
+    b.set_bolt("split", 2, || Fanout { children: 2 }).shuffle_grouping("spout");
+    b.set_bolt("flaky", 3, || Flaky { rng: SplitMix64::new(0) }).shuffle_grouping("split");
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    wait_for(60, "every message acked", || acked(&rec) == n as usize);
+    let r = rec.lock().unwrap();
+    assert_eq!(r.acked, (0..n).collect());
+    assert!(
+        r.failed.len() as u64 > n / 4,
+        "the bolt should have failed many trees, failed {}",
+        r.failed.len()
+    );
+    drop(r);
+    cluster.shutdown(Duration::from_secs(1));
+}
+
+#[test]
+fn max_spout_pending_bounds_tuples_in_flight() {
+    let rec = Arc::new(Mutex::new(SpoutRecord::default()));
+    let (received, ticks, release) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(true)));
+    let n = 40u64;
+    let mut b = TopologyBuilder::new("pending");
+    b.config(config(|c| c.max_spout_pending = Some(10)));
+    let r = rec.clone();
+    b.set_spout("spout", 1, move || TestSpout::new(n, &r));
+    let (rc, tk, rl) = (received.clone(), ticks.clone(), release.clone());
+    b.set_bolt("holder", 1, move || Holder {
+        held: Vec::new(),
+        received: rc.clone(),
+        ticks: tk.clone(),
+        release: rl.clone(),
+    })
+    .shuffle_grouping("spout");
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    // The holder acks only on ticks (1 s), so the spout must stop at 10 in flight each time.
+    wait_for(30, "ten held", || received.load(Ordering::Relaxed) >= 10);
+    wait_for(30, "every tree complete", || acked(&rec) == n as usize);
+    assert_eq!(rec.lock().unwrap().max_in_flight, 10);
+    cluster.shutdown(Duration::from_secs(1));
+}
+
+/// Takes 200 µs per tuple (a slow bolt), counting what it processed.
+struct Slow {
+    processed: Arc<AtomicU64>,
+}
+
+impl Bolt for Slow {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        let until = Instant::now() + Duration::from_micros(200);
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        self.processed.fetch_add(1, Ordering::Relaxed);
+        out.ack(input);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_slow_bolt_slows_its_spout_instead_of_growing_queues() {
+    let rec = Arc::new(Mutex::new(SpoutRecord::default()));
+    let processed = Arc::new(AtomicU64::new(0));
+    let mut b = TopologyBuilder::new("backpressure");
+    b.config(config(|c| {
+        c.acker_executors = Some(0);
+        c.executor_receive_buffer_size = 64;
+        c.producer_batch_size = 8;
+    }));
+    let r = rec.clone();
+    b.set_spout("spout", 1, move || TestSpout { reliable: false, ..TestSpout::new(u64::MAX, &r) });
+    let p = processed.clone();
+    b.set_bolt("slow", 1, move || Slow { processed: p.clone() }).shuffle_grouping("spout");
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    wait_for(30, "the bolt to process 500 tuples", || processed.load(Ordering::Relaxed) >= 500);
+    for _ in 0..20 {
+        let emitted = rec.lock().unwrap().emitted;
+        let done = processed.load(Ordering::Relaxed);
+        // Queue (64) + the batch being processed (8) + the spout's batch being built (8).
+        assert!(emitted.saturating_sub(done) <= 64 + 8 + 8 + 1, "emitted {emitted}, processed {done}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    cluster.shutdown(Duration::from_secs(1));
+}
+
+#[test]
+fn with_acking_off_spout_tuples_are_acked_on_emit() {
+    let rec = Arc::new(Mutex::new(SpoutRecord::default()));
+    let seen = Seen::default();
+    let mut b = TopologyBuilder::new("noack");
+    b.config(config(|c| c.acker_executors = Some(0)));
+    let r = rec.clone();
+    b.set_spout("spout", 1, move || TestSpout::new(100, &r));
+    let s = seen.clone();
+    b.set_bolt("sink", 1, move || Recorder { seen: s.clone() }).shuffle_grouping("spout");
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    wait_for(30, "all acked", || acked(&rec) == 100);
+    wait_for(30, "all delivered", || seen.lock().unwrap().len() == 100);
+    cluster.shutdown(Duration::from_secs(1));
+}

@@ -1,0 +1,281 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Worker processes against the real ZooKeeper harness: two workers over loopback sockets run
+//! one topology, one is killed and restarted and the flow resumes; heartbeats, errors and
+//! graceful shutdown.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use cluster_state::coord::{CreateMode, Ensemble, Session, SessionOptions};
+use cluster_state::ids::{ComponentId, SupervisorId, TopologyId, TopologyName, WorkerSlot};
+use cluster_state::paths::StormPaths;
+use cluster_state::znode::{
+    Assignment, ErrorInfo, ExecutorAssignment, StormBase, TopologyStatus, WorkerHeartbeat, ZnodeData,
+};
+use test_harness::ZkServer;
+use tokio_util::sync::CancellationToken;
+use worker::builtin::{SentenceParams, SentenceSpout, SplitSentence, WordCount};
+use worker::layout::TaskLayout;
+use worker::process::{LocalHeartbeat, WorkerArgs, WorkerConfig, report_error, run};
+use worker::{Bolt, BoltCollector, ComponentError, Topology, TopologyBuilder, TopologyConfig, Tuple};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn wordcount(workers: u32) -> Topology {
+    let mut b = TopologyBuilder::new("wc");
+    b.config(TopologyConfig {
+        workers,
+        message_timeout_secs: 2,
+        max_spout_pending: Some(500),
+        ..TopologyConfig::default()
+    });
+    b.set_spout("sentences", 1, || {
+        SentenceSpout::new(SentenceParams { rate_per_sec: Some(2000.0), ..SentenceParams::default() })
+    });
+    b.set_bolt("split", 2, || SplitSentence).shuffle_grouping("sentences");
+    b.set_bolt("count", 2, WordCount::default).fields_grouping("split", ["word"]);
+    b.build().unwrap()
+}
+
+struct Cluster {
+    connect: String,
+    session: Session,
+    paths: StormPaths,
+    id: TopologyId,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn new(test: &str) -> Self {
+        let connect = ZkServer::shared().chroot(test).await;
+        let session = Ensemble::zookeeper(connect.clone()).connect(&SessionOptions::default()).await.unwrap();
+        let id = TopologyId::new(&TopologyName::new("wc").unwrap(), 1, 1_700_000_000);
+        Cluster { connect, session, paths: StormPaths::default(), id, dir: tempfile::tempdir().unwrap() }
+    }
+
+    /// Writes what nimbus would: the storm base (active) and an assignment spreading the
+    /// executors round-robin over `slots`.
+    async fn submit(&self, topology: &Topology, slots: &[WorkerSlot]) -> Assignment {
+        let layout = TaskLayout::compute(&topology.component_parallelism());
+        let executors = layout
+            .executors
+            .keys()
+            .enumerate()
+            .map(|(i, e)| {
+                let s = &slots[i % slots.len()];
+                ExecutorAssignment {
+                    executor: *e,
+                    node: s.node.clone(),
+                    port: s.port,
+                    start_time_secs: 1_700_000_001,
+                }
+            })
+            .collect();
+        let node_host = slots.iter().map(|s| (s.node.clone(), "127.0.0.1".to_owned())).collect();
+        let assignment = Assignment { master_code_dir: "/tmp/none".into(), node_host, executors };
+        let base = StormBase {
+            name: TopologyName::new("wc").unwrap(),
+            launch_time_secs: 1_700_000_000,
+            status: TopologyStatus::Active,
+            num_workers: slots.len() as u32,
+            component_executors: topology.component_executors(),
+            owner: "test".into(),
+            prev_status: None,
+            pending_transition: None,
+        };
+        let s = &self.session;
+        s.create(&self.paths.storm(&self.id), &base.encode(), CreateMode::Persistent.with_parents())
+            .await
+            .unwrap();
+        s.create(
+            &self.paths.assignment(&self.id),
+            &assignment.encode(),
+            CreateMode::Persistent.with_parents(),
+        )
+        .await
+        .unwrap();
+        s.create(&self.paths.workerbeats_topology(&self.id), b"", CreateMode::Persistent.with_parents())
+            .await
+            .unwrap();
+        assignment
+    }
+
+    fn start(
+        &self,
+        topology: Topology,
+        slot: &WorkerSlot,
+        worker_id: &str,
+    ) -> (CancellationToken, tokio::task::JoinHandle<worker::Result<()>>) {
+        let args = WorkerArgs {
+            topology_id: self.id.clone(),
+            supervisor_id: slot.node.clone(),
+            port: slot.port,
+            worker_id: worker_id.into(),
+            local_dir: self.dir.path().to_owned(),
+            hostname: "127.0.0.1".into(),
+        };
+        let config = WorkerConfig {
+            zk_heartbeat_frequency_secs: 1,
+            refresh_poll_secs: 1,
+            bind_host: "127.0.0.1".into(),
+            ..WorkerConfig::default()
+        };
+        let token = CancellationToken::new();
+        let (ensemble, paths, t) =
+            (Ensemble::zookeeper(self.connect.clone()), self.paths.clone(), token.clone());
+        let handle = tokio::spawn(async move {
+            let metrics = prometheus::Registry::new();
+            run(args, config, topology, ensemble, paths, &metrics, t).await
+        });
+        (token, handle)
+    }
+
+    async fn beat(&self, slot: &WorkerSlot) -> Option<WorkerHeartbeat> {
+        self.session
+            .read::<WorkerHeartbeat>(&self.paths.workerbeat(&self.id, slot))
+            .await
+            .ok()
+            .map(|(b, _)| b)
+    }
+
+    /// Acked tuples of `component`'s executors, as `slot`'s ZooKeeper heartbeat reports them.
+    async fn acked(&self, slot: &WorkerSlot, layout: &TaskLayout, component: &str) -> u64 {
+        let comp = ComponentId::new(component).unwrap();
+        match self.beat(slot).await {
+            Some(b) => b
+                .executor_stats
+                .iter()
+                .filter(|s| layout.executors.get(&s.executor) == Some(&comp))
+                .map(|s| s.acked)
+                .sum(),
+            None => 0,
+        }
+    }
+
+    fn local_beat_path(&self, worker_id: &str) -> PathBuf {
+        LocalHeartbeat::path(self.dir.path(), worker_id)
+    }
+}
+
+async fn wait_for<F, Fut>(secs: u64, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out after {secs} s waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_over_loopback_survive_a_restart_of_one() {
+    let c = Cluster::new("two_workers").await;
+    let sup = SupervisorId::new("sup-1").unwrap();
+    let (a, b) = (
+        WorkerSlot { node: sup.clone(), port: free_port() },
+        WorkerSlot { node: sup.clone(), port: free_port() },
+    );
+    let topology = wordcount(2);
+    let layout = TaskLayout::compute(&topology.component_parallelism());
+    let assignment = c.submit(&topology, &[a.clone(), b.clone()]).await;
+    let spout_slot = assignment
+        .slot_of(layout.executors.iter().find(|(_, c)| c.as_str() == "sentences").map(|(e, _)| e).unwrap())
+        .unwrap();
+    let other = if spout_slot == a { b.clone() } else { a.clone() };
+    let (ta, ha) = c.start(wordcount(2), &spout_slot, "worker-a");
+    let (tb, hb) = c.start(wordcount(2), &other, "worker-b");
+
+    // Sentences are split and counted across both workers and their trees complete.
+    wait_for(60, "200 sentences acked across two workers", || async {
+        c.acked(&spout_slot, &layout, "sentences").await >= 200
+    })
+    .await;
+    wait_for(30, "counting on the other worker", || async { c.acked(&other, &layout, "count").await > 0 })
+        .await;
+    assert!(c.local_beat_path("worker-a").exists() && c.local_beat_path("worker-b").exists());
+    let beat = LocalHeartbeat::read(&c.local_beat_path("worker-b")).unwrap();
+    assert_eq!(beat.topology_id, c.id);
+    assert_eq!(beat.executors, assignment.executors_of(&other).collect::<Vec<_>>());
+
+    // Kill the worker without the spout (abort: no graceful shutdown), start it again on the
+    // same port: the spout's worker reconnects and acked sentences keep coming.
+    hb.abort();
+    let _ = hb.await;
+    drop(tb);
+    let before = c.acked(&spout_slot, &layout, "sentences").await;
+    let (tb, hb) = c.start(wordcount(2), &other, "worker-b");
+    wait_for(60, "the flow to resume after the restart", || async {
+        c.acked(&spout_slot, &layout, "sentences").await >= before + 200
+    })
+    .await;
+
+    // Graceful shutdown removes both heartbeats.
+    for (t, h) in [(ta, ha), (tb, hb)] {
+        t.cancel();
+        h.await.unwrap().unwrap();
+    }
+    assert!(c.beat(&a).await.is_none() && c.beat(&b).await.is_none());
+    assert!(!c.local_beat_path("worker-a").exists() && !c.local_beat_path("worker-b").exists());
+}
+
+/// Reports an error for every tuple.
+struct Erring;
+
+impl Bolt for Erring {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        out.ack(input);
+        Err("bad tuple".into())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_rate_limited_and_only_the_last_ten_kept() {
+    let c = Cluster::new("errors").await;
+    let slot = WorkerSlot { node: SupervisorId::new("sup-1").unwrap(), port: free_port() };
+    let build = || {
+        let mut b = TopologyBuilder::new("wc");
+        b.config(TopologyConfig { workers: 1, ..TopologyConfig::default() });
+        b.set_spout("sentences", 1, || {
+            SentenceSpout::new(SentenceParams { rate_per_sec: Some(100.0), ..SentenceParams::default() })
+        });
+        b.set_bolt("erring", 1, || Erring).shuffle_grouping("sentences");
+        b.build().unwrap()
+    };
+    c.submit(&build(), std::slice::from_ref(&slot)).await;
+    let (t, h) = c.start(build(), &slot, "w");
+    let dir = c.paths.errors_component(&c.id, &ComponentId::new("erring").unwrap());
+    wait_for(30, "five error reports", || async {
+        c.session.children(&dir).await.map(|k| k.len()).unwrap_or(0) >= 5
+    })
+    .await;
+    // Storm's throttle: 5 per 10 s, and the bolt errs 100 times a second.
+    assert_eq!(c.session.children(&dir).await.unwrap().len(), 5);
+    let (info, _) = c
+        .session
+        .read::<ErrorInfo>(&format!("{dir}/{}", c.session.children(&dir).await.unwrap()[0]))
+        .await
+        .unwrap();
+    assert_eq!(info.error, "bad tuple");
+    assert_eq!(info.port, slot.port);
+    t.cancel();
+    h.await.unwrap().unwrap();
+
+    // Keep the newest ten.
+    let comp = ComponentId::new("other").unwrap();
+    for i in 0..13 {
+        let info = ErrorInfo { error: format!("e{i}"), time_secs: i, host: "h".into(), port: 1 };
+        report_error(&c.session, &c.paths, &c.id, &comp, &info, 10).await.unwrap();
+    }
+    let dir = c.paths.errors_component(&c.id, &comp);
+    let mut kept: BTreeMap<u32, String> = BTreeMap::new();
+    for name in c.session.children(&dir).await.unwrap() {
+        let (info, _) = c.session.read::<ErrorInfo>(&format!("{dir}/{name}")).await.unwrap();
+        kept.insert(StormPaths::parse_error_seq(&name).unwrap(), info.error);
+    }
+    assert_eq!(kept.into_values().collect::<Vec<_>>(), (3..13).map(|i| format!("e{i}")).collect::<Vec<_>>());
+}
