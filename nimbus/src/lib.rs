@@ -1,19 +1,40 @@
 //! Nimbus: the cluster's master.
 //!
-//! This crate will own (issue "nimbus and supervisor"): topology submission and code storage
+//! It owns (issue "nimbus and supervisor"): topology submission and code storage
 //! under `stormdist/<topology-id>`, the topology state machine (active, inactive, rebalancing,
 //! killed) with delayed transitions that survive a restart, the even scheduler as a pure
 //! function, the heartbeat monitor that reassigns dead executors, and the HTTP/JSON API shaped
 //! like Storm's UI REST API. It keeps no state of its own beyond ZooKeeper and its code dir.
 //!
 //! Layout so far:
+//! - [`code_store`]: `stormdist/<topology-id>` and chunked uploads (begin / chunk / finish /
+//!   install), with ids from clients validated so none becomes a path.
+//! - [`daemon`]: [`NimbusConfig`] (Storm's key names) and the [`run`] / [`serve`] entries that
+//!   wire a session, the code store, the deadline timers and the API together.
+//! - [`http`]: the HTTP/JSON API (Storm UI REST shapes), served by `http::run`.
 //! - [`lifecycle`]: the topology state machine (active, inactive, rebalancing, killed) as a pure
 //!   function over the stored base record, delayed transitions included.
 //! - [`liveness`]: which executors are alive, from heartbeats measured on nimbus's own clock.
+//! - [`metrics`]: `squall_nimbus_*` counters on the caller's registry.
 //! - [`scheduler`]: Storm's even scheduler as a pure function (`schedule(input) -> Schedule`).
+//! - [`state`]: reading ZooKeeper into the pure functions' inputs, skipping garbage znodes.
+//! - [`transitions`]: the state machine applied to ZooKeeper with compare-and-set, removal of
+//!   a killed topology (and of orphans), the deadline timers that a restarted nimbus re-arms
+//!   from ZooKeeper, and the `Rescheduler` hook a due rebalance needs (filled by submit).
 //! - [`views`]: the read side of the HTTP API (Storm UI's summaries) as pure functions.
+//!
+//! Not here yet (needs the topology definition from `worker`): submit, the monitor loop that
+//! reassigns dead executors, and a `Rescheduler` that computes assignments.
 
+pub mod code_store;
+pub mod daemon;
+pub mod http;
 pub mod lifecycle;
 pub mod liveness;
+pub mod metrics;
 pub mod scheduler;
+pub mod state;
+pub mod transitions;
 pub mod views;
+
+pub use daemon::{NimbusConfig, NimbusError, run, serve};

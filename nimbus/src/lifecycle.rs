@@ -34,7 +34,8 @@ pub enum Event {
 }
 
 impl Event {
-    fn name(&self) -> &'static str {
+    /// The event's name, as operators type it (`kill`, `rebalance`, ...).
+    pub fn name(&self) -> &'static str {
         match self {
             Event::Activate => "activate",
             Event::Deactivate => "deactivate",

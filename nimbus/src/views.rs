@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use cluster_state::ids::{SupervisorId, TopologyId, WorkerSlot};
-use cluster_state::znode::{Assignment, StormBase, SupervisorInfo};
+use cluster_state::znode::{Assignment, DelayedTransition, StormBase, SupervisorInfo};
 use serde::Serialize;
 
 /// Everything the summaries are computed from, read in one pass.
@@ -120,26 +120,70 @@ impl ClusterSnapshot {
 
     /// `GET /api/v1/topology/summary` (the body's `topologies` list), by id.
     pub fn topology_summaries(&self) -> Vec<TopologySummary> {
-        self.storms
-            .iter()
-            .map(|(id, base)| {
-                let assignment = self.assignments.get(id);
-                let executors: Vec<_> = assignment.map(|a| a.executors.iter().collect()).unwrap_or_default();
-                let uptime = self.now_secs.saturating_sub(base.launch_time_secs);
-                TopologySummary {
-                    id: id.to_string(),
-                    name: base.name.to_string(),
-                    status: base.status.as_str().to_ascii_uppercase(),
-                    uptime: pretty_uptime(uptime),
-                    uptime_seconds: uptime,
-                    tasks_total: executors.iter().map(|e| e.executor.tasks().count() as u64).sum(),
-                    workers_total: assignment.map_or(0, |a| a.slots().len()),
-                    executors_total: executors.len(),
-                    owner: base.owner.clone(),
-                }
-            })
-            .collect()
+        self.storms.iter().map(|(id, base)| self.topology_summary(id, base)).collect()
     }
+
+    fn topology_summary(&self, id: &TopologyId, base: &StormBase) -> TopologySummary {
+        let assignment = self.assignments.get(id);
+        let executors: Vec<_> = assignment.map(|a| a.executors.iter().collect()).unwrap_or_default();
+        let uptime = self.now_secs.saturating_sub(base.launch_time_secs);
+        TopologySummary {
+            id: id.to_string(),
+            name: base.name.to_string(),
+            status: base.status.as_str().to_ascii_uppercase(),
+            uptime: pretty_uptime(uptime),
+            uptime_seconds: uptime,
+            tasks_total: executors.iter().map(|e| e.executor.tasks().count() as u64).sum(),
+            workers_total: assignment.map_or(0, |a| a.slots().len()),
+            executors_total: executors.len(),
+            owner: base.owner.clone(),
+        }
+    }
+
+    /// `GET /api/v1/topology/:id`: the summary plus the base record's settings. Component
+    /// details (Storm UI's `spouts` and `bolts`) need the topology definition and come later.
+    pub fn topology_detail(&self, id: &TopologyId) -> Option<TopologyDetail> {
+        let base = self.storms.get(id)?;
+        Some(TopologyDetail {
+            summary: self.topology_summary(id, base),
+            launch_time_secs: base.launch_time_secs,
+            requested_workers: base.num_workers,
+            component_executors: base.component_executors.iter().map(|(c, n)| (c.to_string(), *n)).collect(),
+            prev_status: base.prev_status.map(|s| s.as_str().to_ascii_uppercase()),
+            pending_transition: base.pending_transition.as_ref().map(|p| PendingTransitionView {
+                action: match p {
+                    DelayedTransition::Kill { .. } => "kill",
+                    DelayedTransition::Rebalance { .. } => "rebalance",
+                },
+                deadline_secs: p.deadline_secs(),
+                seconds_left: p.deadline_secs().saturating_sub(self.now_secs),
+            }),
+        })
+    }
+}
+
+/// `GET /api/v1/topology/:id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologyDetail {
+    #[serde(flatten)]
+    pub summary: TopologySummary,
+    pub launch_time_secs: u64,
+    /// Storm UI's key for the configured worker count.
+    pub requested_workers: u32,
+    pub component_executors: BTreeMap<String, u32>,
+    /// The status a rebalance returns to.
+    pub prev_status: Option<String>,
+    pub pending_transition: Option<PendingTransitionView>,
+}
+
+/// A delayed kill or rebalance as the topology view shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingTransitionView {
+    pub action: &'static str,
+    pub deadline_secs: u64,
+    pub seconds_left: u64,
 }
 
 #[cfg(test)]

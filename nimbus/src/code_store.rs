@@ -1,0 +1,695 @@
+//! Nimbus's local code directory and chunked uploads, Storm's layout:
+//!
+//! ```text
+//! <nimbus dir>/inbox/<upload-id>.part          an upload in progress (Storm: inbox/stormjar-<uuid>.jar)
+//! <nimbus dir>/stormdist/<topology-id>/<file>  installed code, served to supervisors
+//! <nimbus dir>/stormdist/<topology-id>/<file>.sha256   its checksum, lowercase hex
+//! ```
+//!
+//! Clients never name a path. An upload is addressed by the [`UploadId`] the server generated
+//! (a UUID, so it parses to exactly one file name), a topology by its validated
+//! [`TopologyId`], and a code file by the closed [`CodeFile`] enum. Nothing a client sends is
+//! joined onto a path without passing through one of those types.
+//!
+//! Uploads follow Storm's jar upload (`beginFileUpload` / `uploadChunk` / `finishFileUpload`):
+//! [`CodeStore::begin`] with the total size, [`CodeStore::chunk`]s at increasing offsets (each
+//! offset must equal the bytes received so far, so a retried or reordered chunk is refused, not
+//! spliced in), [`CodeStore::finish`] with the SHA-256 the client computed. A finished upload
+//! waits for [`CodeStore::install`], which moves it into `stormdist/<id>/` with one rename.
+//! Uploads idle for `nimbus.file.copy.expiration.secs` are discarded by [`CodeStore::expire`].
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use cluster_state::ids::TopologyId;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+/// Storm keeps nimbus's uploads in `inbox/` and installed code in `stormdist/`.
+const INBOX: &str = "inbox";
+const STORMDIST: &str = "stormdist";
+
+/// Limits of the code store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodeStoreLimits {
+    /// Largest accepted upload, in bytes.
+    pub max_upload_bytes: u64,
+    /// Uploads begun but neither installed nor abandoned at once; bounds disk and memory used
+    /// by clients that begin and never finish.
+    pub max_pending_uploads: usize,
+    /// An upload without activity for this long is discarded.
+    pub upload_expiration: Duration,
+}
+
+impl Default for CodeStoreLimits {
+    fn default() -> Self {
+        CodeStoreLimits {
+            // Storm bounds jar uploads only through its Thrift buffer; a worker binary built in
+            // release mode is tens of MiB, so 512 MiB leaves room without inviting disk fills.
+            max_upload_bytes: 512 * 1024 * 1024,
+            max_pending_uploads: 32,
+            // Storm's defaults.yaml: `nimbus.file.copy.expiration.secs: 600`.
+            upload_expiration: Duration::from_secs(600),
+        }
+    }
+}
+
+/// The server-generated id of an upload: a UUID, shown hyphenated and lowercase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UploadId(Uuid);
+
+impl UploadId {
+    fn generate() -> Self {
+        UploadId(Uuid::new_v4())
+    }
+}
+
+impl fmt::Display for UploadId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0.hyphenated())
+    }
+}
+
+impl FromStr for UploadId {
+    type Err = CodeStoreError;
+    /// Only the canonical hyphenated form (any case) is accepted.
+    fn from_str(s: &str) -> Result<Self, CodeStoreError> {
+        let bad = || CodeStoreError::InvalidUploadId { value: s.chars().take(80).collect() };
+        if s.len() != 36 {
+            return Err(bad());
+        }
+        Uuid::try_parse(s).map(UploadId).map_err(|_| bad())
+    }
+}
+
+/// The files a topology's code consists of. A closed set, so a file name from a request is
+/// matched, never used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CodeFile {
+    /// The topology definition (Flux YAML), Storm's `stormcode.ser`.
+    Topology,
+    /// The user's worker binary, Storm's `stormjar.jar`.
+    WorkerBinary,
+}
+
+impl CodeFile {
+    /// Every code file.
+    pub const ALL: [CodeFile; 2] = [CodeFile::Topology, CodeFile::WorkerBinary];
+
+    /// The file name under `stormdist/<topology-id>/`, also its name in the HTTP API.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            CodeFile::Topology => "topology.yaml",
+            CodeFile::WorkerBinary => "worker",
+        }
+    }
+}
+
+impl fmt::Display for CodeFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.file_name())
+    }
+}
+
+impl FromStr for CodeFile {
+    type Err = CodeStoreError;
+    fn from_str(s: &str) -> Result<Self, CodeStoreError> {
+        CodeFile::ALL
+            .into_iter()
+            .find(|f| f.file_name() == s)
+            .ok_or_else(|| CodeStoreError::UnknownCodeFile { value: s.chars().take(80).collect() })
+    }
+}
+
+/// A finished, verified upload waiting for [`CodeStore::install`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upload {
+    pub id: UploadId,
+    pub size: u64,
+    /// Lowercase hex.
+    pub sha256: String,
+}
+
+/// An installed code file, ready to be served.
+#[derive(Debug)]
+pub struct CodeFileReader {
+    pub file: tokio::fs::File,
+    pub size: u64,
+    /// Lowercase hex, as recorded at install; supervisors check the download against it.
+    pub sha256: String,
+}
+
+/// What the code store refuses or fails at. [`CodeStoreError::is_client_error`] separates the
+/// requests that were wrong from the disk failing.
+#[derive(Debug, thiserror::Error)]
+pub enum CodeStoreError {
+    #[error("invalid upload id {value:?}: must be a UUID such as 123e4567-e89b-42d3-a456-426614174000")]
+    InvalidUploadId { value: String },
+    #[error("unknown code file {value:?}: must be one of \"topology.yaml\", \"worker\"")]
+    UnknownCodeFile { value: String },
+    #[error("no upload {id}: it never began, was already installed, or expired after inactivity")]
+    UnknownUpload { id: UploadId },
+    #[error("upload of {size} bytes is larger than the limit of {max} bytes")]
+    TooLarge { size: u64, max: u64 },
+    #[error("too many uploads in progress ({max}); finish or wait for abandoned ones to expire")]
+    TooManyUploads { max: usize },
+    #[error("upload {id}: chunk at offset {offset} but {received} bytes were received so far")]
+    WrongOffset { id: UploadId, offset: u64, received: u64 },
+    #[error("upload {id}: chunk of {len} bytes at offset {offset} goes past the declared size of {size}")]
+    PastDeclaredSize { id: UploadId, offset: u64, len: u64, size: u64 },
+    #[error("upload {id}: finished after {received} of the declared {size} bytes")]
+    Incomplete { id: UploadId, received: u64, size: u64 },
+    #[error("upload {id} is already finished; install it or begin a new one")]
+    AlreadyFinished { id: UploadId },
+    #[error("upload {id} is not finished yet; call finish with its sha256 first")]
+    NotFinished { id: UploadId },
+    #[error("invalid sha256 {value:?}: must be 64 hex digits")]
+    InvalidChecksum { value: String },
+    #[error(
+        "upload {id}: sha256 mismatch: the client sent {expected}, the bytes received hash to {actual}; the upload was discarded"
+    )]
+    ChecksumMismatch { id: UploadId, expected: String, actual: String },
+    #[error("topology {id} has no code file {file}")]
+    NoCode { id: TopologyId, file: CodeFile },
+    #[error("code store I/O at {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+impl CodeStoreError {
+    /// Whether the request was at fault (as opposed to the server's disk).
+    pub fn is_client_error(&self) -> bool {
+        !matches!(self, CodeStoreError::Io { .. })
+    }
+}
+
+fn io_at(path: &Path) -> impl FnOnce(io::Error) -> CodeStoreError + '_ {
+    move |source| CodeStoreError::Io { path: path.to_owned(), source }
+}
+
+type Result<T, E = CodeStoreError> = std::result::Result<T, E>;
+
+#[derive(Debug)]
+enum Stage {
+    Receiving { file: tokio::fs::File, hasher: Sha256 },
+    Finished { sha256: String },
+}
+
+#[derive(Debug)]
+struct Pending {
+    size: u64,
+    received: u64,
+    last_activity: Instant,
+    stage: Stage,
+}
+
+/// Each upload sits behind its own async lock so chunks of one upload are written one at a
+/// time (a second concurrent chunk then sees the first's offset) while the map lock is only
+/// held for lookups, never across a write.
+type Slot = Arc<tokio::sync::Mutex<Option<Pending>>>;
+
+/// Nimbus's code directory; cheap to clone (clones share the pending uploads).
+#[derive(Debug, Clone)]
+pub struct CodeStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    limits: CodeStoreLimits,
+    uploads: Mutex<HashMap<UploadId, Slot>>,
+}
+
+impl CodeStore {
+    /// Opens the code store under `dir` (nimbus's local dir), creating `inbox/` and
+    /// `stormdist/`. Leftovers in `inbox/` belong to uploads of a previous run, which no client
+    /// can continue: they are removed.
+    pub async fn open(dir: impl Into<PathBuf>, limits: CodeStoreLimits) -> Result<Self> {
+        let dir = dir.into();
+        let inbox = dir.join(INBOX);
+        match tokio::fs::remove_dir_all(&inbox).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_at(&inbox)(e)),
+        }
+        tokio::fs::create_dir_all(&inbox).await.map_err(io_at(&inbox))?;
+        let stormdist = dir.join(STORMDIST);
+        tokio::fs::create_dir_all(&stormdist).await.map_err(io_at(&stormdist))?;
+        Ok(CodeStore { inner: Arc::new(Inner { dir, limits, uploads: Mutex::new(HashMap::new()) }) })
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> CodeStoreLimits {
+        self.inner.limits
+    }
+
+    /// `<nimbus dir>/stormdist/<id>`: the assignment's `master_code_dir`.
+    pub fn topology_dir(&self, id: &TopologyId) -> PathBuf {
+        // A TopologyId is a validated single path segment (no '/', '.', '..').
+        self.inner.dir.join(STORMDIST).join(id.as_str())
+    }
+
+    fn part_path(&self, id: UploadId) -> PathBuf {
+        self.inner.dir.join(INBOX).join(format!("{id}.part"))
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<UploadId, Slot>> {
+        // The map holds no invariant a panicking holder could break half-way.
+        self.inner.uploads.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn slot(&self, id: UploadId) -> Result<Slot> {
+        self.map().get(&id).cloned().ok_or(CodeStoreError::UnknownUpload { id })
+    }
+
+    /// Begins an upload of `size` bytes.
+    pub async fn begin(&self, size: u64) -> Result<UploadId> {
+        let max = self.inner.limits.max_upload_bytes;
+        if size > max {
+            return Err(CodeStoreError::TooLarge { size, max });
+        }
+        self.expire().await;
+        let id = UploadId::generate();
+        let slot: Slot = Arc::new(tokio::sync::Mutex::new(None));
+        // Reserve the id (and the pending count) before touching the disk, holding the slot's
+        // lock so no chunk can see it half-made.
+        let mut guard = slot.clone().lock_owned().await;
+        {
+            let mut map = self.map();
+            let max_pending = self.inner.limits.max_pending_uploads;
+            if map.len() >= max_pending {
+                return Err(CodeStoreError::TooManyUploads { max: max_pending });
+            }
+            map.insert(id, slot);
+        }
+        let path = self.part_path(id);
+        match tokio::fs::File::create_new(&path).await {
+            Ok(file) => {
+                *guard = Some(Pending {
+                    size,
+                    received: 0,
+                    last_activity: Instant::now(),
+                    stage: Stage::Receiving { file, hasher: Sha256::new() },
+                });
+                Ok(id)
+            }
+            Err(e) => {
+                self.map().remove(&id);
+                Err(io_at(&path)(e))
+            }
+        }
+    }
+
+    /// Appends `bytes` at `offset`, which must equal the bytes received so far. Returns the
+    /// bytes received after this chunk.
+    pub async fn chunk(&self, id: UploadId, offset: u64, bytes: &[u8]) -> Result<u64> {
+        let slot = self.slot(id)?;
+        let mut guard = slot.lock().await;
+        let pending = guard.as_mut().ok_or(CodeStoreError::UnknownUpload { id })?;
+        let (received, size) = (pending.received, pending.size);
+        let Stage::Receiving { file, hasher } = &mut pending.stage else {
+            return Err(CodeStoreError::AlreadyFinished { id });
+        };
+        if offset != received {
+            return Err(CodeStoreError::WrongOffset { id, offset, received });
+        }
+        let len = bytes.len() as u64;
+        if offset.saturating_add(len) > size {
+            return Err(CodeStoreError::PastDeclaredSize { id, offset, len, size });
+        }
+        if let Err(e) = file.write_all(bytes).await {
+            // A partial write leaves the file out of step with `received`: the upload is lost.
+            drop(guard);
+            self.discard(id).await;
+            return Err(io_at(&self.part_path(id))(e));
+        }
+        hasher.update(bytes);
+        pending.received += len;
+        pending.last_activity = Instant::now();
+        Ok(pending.received)
+    }
+
+    /// Completes an upload: all declared bytes must have arrived and hash to `sha256_hex`.
+    /// A mismatch discards the upload.
+    pub async fn finish(&self, id: UploadId, sha256_hex: &str) -> Result<Upload> {
+        let expected = parse_sha256(sha256_hex)?;
+        let slot = self.slot(id)?;
+        let mut guard = slot.lock().await;
+        let pending = guard.as_mut().ok_or(CodeStoreError::UnknownUpload { id })?;
+        if pending.received != pending.size {
+            return Err(CodeStoreError::Incomplete { id, received: pending.received, size: pending.size });
+        }
+        let Stage::Receiving { file, hasher } = &mut pending.stage else {
+            return Err(CodeStoreError::AlreadyFinished { id });
+        };
+        let path = self.part_path(id);
+        if let Err(e) = flush_and_sync(file).await {
+            drop(guard);
+            self.discard(id).await;
+            return Err(io_at(&path)(e));
+        }
+        let actual = hex::encode(std::mem::take(hasher).finalize());
+        if actual != expected {
+            drop(guard);
+            self.discard(id).await;
+            return Err(CodeStoreError::ChecksumMismatch { id, expected, actual });
+        }
+        pending.stage = Stage::Finished { sha256: actual.clone() };
+        pending.last_activity = Instant::now();
+        Ok(Upload { id, size: pending.size, sha256: actual })
+    }
+
+    /// Moves a finished upload into `stormdist/<topology>/<file>` (one rename, so a reader sees
+    /// the old file or the whole new one) and records its checksum beside it. Only
+    /// `upload.id` is used: size and checksum are the ones the store verified itself.
+    pub async fn install(&self, upload: &Upload, topology: &TopologyId, file: CodeFile) -> Result<PathBuf> {
+        let id = upload.id;
+        let slot = self.slot(id)?;
+        let mut guard = slot.lock().await;
+        let sha256 = match guard.as_ref().map(|p| &p.stage) {
+            None => return Err(CodeStoreError::UnknownUpload { id }),
+            Some(Stage::Receiving { .. }) => return Err(CodeStoreError::NotFinished { id }),
+            Some(Stage::Finished { sha256 }) => sha256.clone(),
+        };
+        let dir = self.topology_dir(topology);
+        tokio::fs::create_dir_all(&dir).await.map_err(io_at(&dir))?;
+        // The checksum goes first: a reader that finds the file always finds its checksum
+        // (a stale one only if the file is being replaced, which a download then detects).
+        let sum_path = dir.join(format!("{}.sha256", file.file_name()));
+        let sum_tmp = dir.join(format!(".{}.sha256.tmp", file.file_name()));
+        write_synced(&sum_tmp, sha256.as_bytes()).await?;
+        tokio::fs::rename(&sum_tmp, &sum_path).await.map_err(io_at(&sum_path))?;
+        let target = dir.join(file.file_name());
+        let part = self.part_path(id);
+        tokio::fs::rename(&part, &target).await.map_err(io_at(&target))?;
+        *guard = None;
+        drop(guard);
+        self.map().remove(&id);
+        Ok(target)
+    }
+
+    /// Opens an installed code file for download.
+    pub async fn open_code(&self, topology: &TopologyId, file: CodeFile) -> Result<CodeFileReader> {
+        let dir = self.topology_dir(topology);
+        let path = dir.join(file.file_name());
+        let no_code = || CodeStoreError::NoCode { id: topology.clone(), file };
+        let handle = match tokio::fs::File::open(&path).await {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(no_code()),
+            Err(e) => return Err(io_at(&path)(e)),
+        };
+        let size = handle.metadata().await.map_err(io_at(&path))?.len();
+        let sum_path = dir.join(format!("{}.sha256", file.file_name()));
+        let sha256 = match tokio::fs::read_to_string(&sum_path).await {
+            Ok(s) => s.trim().to_owned(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(no_code()),
+            Err(e) => return Err(io_at(&sum_path)(e)),
+        };
+        // Supervisors check downloads against it: a damaged checksum file must not be served.
+        if parse_sha256(&sha256).is_err() {
+            let damaged = io::Error::new(io::ErrorKind::InvalidData, "not a SHA-256 in hex");
+            return Err(io_at(&sum_path)(damaged));
+        }
+        Ok(CodeFileReader { file: handle, size, sha256 })
+    }
+
+    /// Removes a topology's code dir; a dir already gone is not an error.
+    pub async fn remove(&self, topology: &TopologyId) -> Result<()> {
+        let dir = self.topology_dir(topology);
+        match tokio::fs::remove_dir_all(&dir).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_at(&dir)(e)),
+        }
+    }
+
+    /// Topologies with a code dir, for cleaning up after topologies gone from ZooKeeper.
+    /// Entries whose name is not a topology id are not ours and are left alone.
+    pub async fn topologies(&self) -> Result<Vec<TopologyId>> {
+        let dir = self.inner.dir.join(STORMDIST);
+        let mut entries = tokio::fs::read_dir(&dir).await.map_err(io_at(&dir))?;
+        let mut ids = Vec::new();
+        while let Some(entry) = entries.next_entry().await.map_err(io_at(&dir))? {
+            if let Some(id) = entry.file_name().to_str().and_then(|n| n.parse().ok()) {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Uploads in progress or waiting for install.
+    pub fn pending_uploads(&self) -> usize {
+        self.map().len()
+    }
+
+    /// Discards uploads idle for longer than the expiration; returns how many went. Uploads
+    /// busy with a chunk right now are active by definition and skipped.
+    pub async fn expire(&self) -> usize {
+        let now = Instant::now();
+        let expiration = self.inner.limits.upload_expiration;
+        let slots: Vec<(UploadId, Slot)> = self.map().iter().map(|(id, s)| (*id, s.clone())).collect();
+        let mut expired = 0;
+        for (id, slot) in slots {
+            let idle = match slot.try_lock() {
+                Ok(guard) => guard
+                    .as_ref()
+                    .is_some_and(|p| now.saturating_duration_since(p.last_activity) >= expiration),
+                Err(_) => false,
+            };
+            if idle {
+                tracing::info!(upload = %id, "discarding an upload idle for {expiration:?}");
+                self.discard(id).await;
+                expired += 1;
+            }
+        }
+        expired
+    }
+
+    async fn discard(&self, id: UploadId) {
+        self.map().remove(&id);
+        let path = self.part_path(id);
+        match tokio::fs::remove_file(&path).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            // Leftovers in inbox/ are removed at the next start; nothing else refers to them.
+            Err(e) => tracing::warn!(path = %path.display(), "cannot remove a discarded upload: {e}"),
+        }
+    }
+}
+
+fn parse_sha256(value: &str) -> Result<String> {
+    if value.len() == 64 && value.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(value.to_ascii_lowercase())
+    } else {
+        Err(CodeStoreError::InvalidChecksum { value: value.chars().take(80).collect() })
+    }
+}
+
+async fn flush_and_sync(file: &mut tokio::fs::File) -> io::Result<()> {
+    file.flush().await?;
+    file.sync_all().await
+}
+
+async fn write_synced(path: &Path, data: &[u8]) -> Result<()> {
+    let mut file = tokio::fs::File::create(path).await.map_err(io_at(path))?;
+    file.write_all(data).await.map_err(io_at(path))?;
+    flush_and_sync(&mut file).await.map_err(io_at(path))
+}
+
+/// SHA-256 of `bytes` in lowercase hex, as [`CodeStore::finish`] expects it.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn store(limits: CodeStoreLimits) -> (tempfile::TempDir, CodeStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CodeStore::open(dir.path(), limits).await.unwrap();
+        (dir, store)
+    }
+
+    fn topology() -> TopologyId {
+        "wc-1-1700000000".parse().unwrap()
+    }
+
+    #[test]
+    fn upload_ids_are_uuids_only() {
+        let ok = "123e4567-e89b-42d3-a456-426614174000";
+        assert_eq!(ok.parse::<UploadId>().unwrap().to_string(), ok);
+        assert_eq!(ok.to_uppercase().parse::<UploadId>().unwrap().to_string(), ok);
+        for bad in [
+            "",
+            "..",
+            "../etc/passwd",
+            "../../stormdist/wc-1-1700000000/worker",
+            "123e4567e89b42d3a456426614174000",
+            "{123e4567-e89b-42d3-a456-426614174000}",
+            "urn:uuid:123e4567-e89b-42d3-a456-426614174000",
+            "123e4567-e89b-42d3-a456-42661417400/",
+            "123e4567-e89b-42d3-a456-4266141740%2",
+            "123e4567-e89b-42d3-a456-426614174000\0",
+        ] {
+            let err = bad.parse::<UploadId>().unwrap_err();
+            assert!(matches!(err, CodeStoreError::InvalidUploadId { .. }), "{bad:?}");
+            assert!(err.to_string().starts_with("invalid upload id"), "{err}");
+        }
+    }
+
+    #[test]
+    fn code_files_and_topology_ids_reject_traversal() {
+        assert_eq!("worker".parse::<CodeFile>().unwrap(), CodeFile::WorkerBinary);
+        assert_eq!("topology.yaml".parse::<CodeFile>().unwrap(), CodeFile::Topology);
+        for bad in ["", ".", "..", "../worker", "worker/", "/etc/passwd", "worker.sha256", "WORKER"] {
+            assert!(
+                matches!(bad.parse::<CodeFile>(), Err(CodeStoreError::UnknownCodeFile { .. })),
+                "{bad:?}"
+            );
+        }
+        for bad in
+            ["..", "../wc-1-1", "wc/../x-1-1", "..-1-1", "a/b-1-1", "a\\b-1-1", "wc-1", "wc-01-1", ".-1-1"]
+        {
+            assert!(bad.parse::<TopologyId>().is_err(), "{bad:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever a client sends, what reaches a path is a canonical UUID or a fixed name.
+        #[test]
+        fn client_strings_never_become_paths(s in "\\PC{0,40}|[0-9a-fA-F./-]{30,40}") {
+            if let Ok(id) = s.parse::<UploadId>() {
+                let name = id.to_string();
+                proptest::prop_assert!(name.len() == 36 && name.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'));
+            }
+            if let Ok(file) = s.parse::<CodeFile>() {
+                proptest::prop_assert!(CodeFile::ALL.contains(&file) && s == file.file_name());
+            }
+            if let Ok(id) = s.parse::<TopologyId>() {
+                let name = id.as_str();
+                proptest::prop_assert!(!name.contains('/') && !name.contains('\\') && name != "." && name != "..");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn upload_finish_install_and_read_back() {
+        let (dir, store) = store(CodeStoreLimits::default()).await;
+        let data = b"spouts: []\nbolts: []\n";
+        let id = store.begin(data.len() as u64).await.unwrap();
+        assert_eq!(store.chunk(id, 0, &data[..5]).await.unwrap(), 5);
+        assert_eq!(store.chunk(id, 5, &data[5..]).await.unwrap(), data.len() as u64);
+        let upload = store.finish(id, &sha256_hex(data).to_uppercase()).await.unwrap();
+        assert_eq!((upload.size, upload.sha256.clone()), (data.len() as u64, sha256_hex(data)));
+        let path = store.install(&upload, &topology(), CodeFile::Topology).await.unwrap();
+        assert_eq!(path, dir.path().join("stormdist/wc-1-1700000000/topology.yaml"));
+        assert_eq!(std::fs::read(&path).unwrap(), data);
+        assert_eq!(store.pending_uploads(), 0);
+        assert!(std::fs::read_dir(dir.path().join("inbox")).unwrap().next().is_none());
+
+        let reader = store.open_code(&topology(), CodeFile::Topology).await.unwrap();
+        assert_eq!((reader.size, reader.sha256.as_str()), (data.len() as u64, sha256_hex(data).as_str()));
+        let err = store.open_code(&topology(), CodeFile::WorkerBinary).await.unwrap_err();
+        assert_eq!(err.to_string(), "topology wc-1-1700000000 has no code file worker");
+
+        // An installed upload is gone: installing it again is refused.
+        assert!(matches!(
+            store.install(&upload, &topology(), CodeFile::WorkerBinary).await,
+            Err(CodeStoreError::UnknownUpload { .. })
+        ));
+        assert_eq!(store.topologies().await.unwrap(), vec![topology()]);
+        store.remove(&topology()).await.unwrap();
+        store.remove(&topology()).await.unwrap();
+        assert!(!dir.path().join("stormdist/wc-1-1700000000").exists());
+    }
+
+    #[tokio::test]
+    async fn chunk_rules() {
+        let (_dir, store) = store(CodeStoreLimits { max_upload_bytes: 10, ..Default::default() }).await;
+        assert!(matches!(store.begin(11).await, Err(CodeStoreError::TooLarge { size: 11, max: 10 })));
+        let id = store.begin(6).await.unwrap();
+        store.chunk(id, 0, b"abc").await.unwrap();
+        // A repeated chunk, a gap, and a chunk past the declared size are all refused.
+        let err = store.chunk(id, 0, b"abc").await.unwrap_err();
+        assert!(matches!(err, CodeStoreError::WrongOffset { offset: 0, received: 3, .. }), "{err}");
+        assert!(matches!(store.chunk(id, 4, b"x").await, Err(CodeStoreError::WrongOffset { .. })));
+        let err = store.chunk(id, 3, b"defg").await.unwrap_err();
+        assert!(err.to_string().contains("past the declared size of 6"), "{err}");
+        // Finishing early is refused and leaves the upload usable.
+        let sum = sha256_hex(b"abcdef");
+        assert!(matches!(store.finish(id, &sum).await, Err(CodeStoreError::Incomplete { received: 3, .. })));
+        store.chunk(id, 3, b"def").await.unwrap();
+        assert!(matches!(store.finish(id, "zz").await, Err(CodeStoreError::InvalidChecksum { .. })));
+        let upload = store.finish(id, &sum).await.unwrap();
+        assert!(matches!(store.chunk(id, 6, b"").await, Err(CodeStoreError::AlreadyFinished { .. })));
+        assert!(matches!(store.finish(id, &sum).await, Err(CodeStoreError::AlreadyFinished { .. })));
+        assert_eq!(upload.size, 6);
+        let unknown = UploadId::generate();
+        assert!(matches!(store.chunk(unknown, 0, b"a").await, Err(CodeStoreError::UnknownUpload { .. })));
+    }
+
+    #[tokio::test]
+    async fn a_checksum_mismatch_discards_the_upload() {
+        let (dir, store) = store(CodeStoreLimits::default()).await;
+        let id = store.begin(3).await.unwrap();
+        store.chunk(id, 0, b"abc").await.unwrap();
+        let err = store.finish(id, &sha256_hex(b"abd")).await.unwrap_err();
+        assert!(err.to_string().contains("sha256 mismatch"), "{err}");
+        assert_eq!(store.pending_uploads(), 0);
+        assert!(std::fs::read_dir(dir.path().join("inbox")).unwrap().next().is_none());
+        let upload = Upload { id, size: 3, sha256: sha256_hex(b"abc") };
+        assert!(matches!(
+            store.install(&upload, &topology(), CodeFile::Topology).await,
+            Err(CodeStoreError::UnknownUpload { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn unfinished_uploads_cannot_be_installed_and_pending_uploads_are_bounded() {
+        let (_dir, store) = store(CodeStoreLimits { max_pending_uploads: 2, ..Default::default() }).await;
+        let a = store.begin(1).await.unwrap();
+        store.begin(1).await.unwrap();
+        assert!(matches!(store.begin(1).await, Err(CodeStoreError::TooManyUploads { max: 2 })));
+        let upload = Upload { id: a, size: 1, sha256: sha256_hex(b"a") };
+        assert!(matches!(
+            store.install(&upload, &topology(), CodeFile::Topology).await,
+            Err(CodeStoreError::NotFinished { .. })
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn abandoned_uploads_expire() {
+        let expiration = Duration::from_secs(600);
+        let (dir, store) =
+            store(CodeStoreLimits { upload_expiration: expiration, ..Default::default() }).await;
+        let idle = store.begin(2).await.unwrap();
+        let active = store.begin(2).await.unwrap();
+        tokio::time::advance(Duration::from_secs(400)).await;
+        store.chunk(active, 0, b"a").await.unwrap();
+        tokio::time::advance(Duration::from_secs(200)).await;
+        assert_eq!(store.expire().await, 1);
+        assert!(matches!(store.chunk(idle, 0, b"a").await, Err(CodeStoreError::UnknownUpload { .. })));
+        assert!(!dir.path().join(format!("inbox/{idle}.part")).exists());
+        store.chunk(active, 1, b"b").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn reopening_clears_the_inbox() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CodeStore::open(dir.path(), CodeStoreLimits::default()).await.unwrap();
+        let id = store.begin(4).await.unwrap();
+        store.chunk(id, 0, b"ab").await.unwrap();
+        drop(store);
+        let store = CodeStore::open(dir.path(), CodeStoreLimits::default()).await.unwrap();
+        assert!(std::fs::read_dir(dir.path().join("inbox")).unwrap().next().is_none());
+        assert!(matches!(store.chunk(id, 2, b"cd").await, Err(CodeStoreError::UnknownUpload { .. })));
+    }
+}

@@ -1,0 +1,261 @@
+//! Nimbus as a whole: its configuration and the `run` entry the `squall nimbus` command calls.
+//!
+//! [`serve`] connects one coordination session, opens the code store, and runs the deadline
+//! timers and the HTTP API until `shutdown` or until the session ends. Nimbus keeps nothing
+//! that is not in ZooKeeper or its code dir, so on an expired session it stops and returns
+//! [`NimbusError::SessionEnded`]: the caller exits non-zero and its process manager starts a
+//! fresh nimbus, which re-arms every pending transition from ZooKeeper.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cluster_state::coord::{self, Ensemble, SessionOptions, SessionState};
+use cluster_state::paths::StormPaths;
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::code_store::{CodeStore, CodeStoreError, CodeStoreLimits};
+use crate::http::{self, ApiConfig, ApiState};
+use crate::metrics::NimbusMetrics;
+use crate::transitions::{DeadlineTimers, NoTopologyDefinition, Rescheduler, Transitions, now_secs};
+
+/// Nimbus's settings, with Storm's key names where Storm has the setting.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NimbusConfig {
+    /// Local state; nimbus keeps its code under `<dir>/nimbus` (Storm's layout).
+    #[serde(rename = "storm.local.dir")]
+    pub local_dir: PathBuf,
+    #[serde(rename = "storm.zookeeper.root")]
+    pub zookeeper_root: String,
+    #[serde(rename = "storm.zookeeper.session.timeout")]
+    pub zookeeper_session_timeout_ms: u64,
+    #[serde(rename = "storm.zookeeper.connection.timeout")]
+    pub zookeeper_connection_timeout_ms: u64,
+    /// How often stored transitions are re-read (and, with submit, heartbeats checked).
+    #[serde(rename = "nimbus.monitor.freq.secs")]
+    pub monitor_freq_secs: u64,
+    /// Uploads idle this long are discarded.
+    #[serde(rename = "nimbus.file.copy.expiration.secs")]
+    pub file_copy_expiration_secs: u64,
+    /// Squall's: the API's listen address.
+    #[serde(rename = "nimbus.http.host")]
+    pub http_host: String,
+    /// Squall's: the API's port (0 picks a free one).
+    #[serde(rename = "nimbus.http.port")]
+    pub http_port: u16,
+    /// Squall's: required as `Authorization: Bearer <token>` on mutating calls when set.
+    #[serde(rename = "nimbus.http.token")]
+    pub http_token: Option<String>,
+    /// Squall's: the largest topology code upload.
+    #[serde(rename = "nimbus.code.max.upload.bytes")]
+    pub max_upload_bytes: u64,
+}
+
+impl Default for NimbusConfig {
+    fn default() -> Self {
+        NimbusConfig {
+            // Storm's defaults.yaml: `storm.local.dir: "storm-local"`.
+            local_dir: PathBuf::from("storm-local"),
+            // Storm's defaults.yaml: `storm.zookeeper.root: "/storm"`.
+            zookeeper_root: StormPaths::DEFAULT_ROOT.to_owned(),
+            // Storm's defaults.yaml: `storm.zookeeper.session.timeout: 20000`,
+            // `storm.zookeeper.connection.timeout: 15000`.
+            zookeeper_session_timeout_ms: 20_000,
+            zookeeper_connection_timeout_ms: 15_000,
+            // Storm's defaults.yaml: `nimbus.monitor.freq.secs: 10`.
+            monitor_freq_secs: 10,
+            // Storm's defaults.yaml: `nimbus.file.copy.expiration.secs: 600`.
+            file_copy_expiration_secs: 600,
+            http_host: "0.0.0.0".to_owned(),
+            // Storm UI's `ui.port: 8080`, since the API is shaped like Storm UI's.
+            http_port: 8080,
+            http_token: None,
+            max_upload_bytes: CodeStoreLimits::default().max_upload_bytes,
+        }
+    }
+}
+
+impl NimbusConfig {
+    /// Checks every setting; the error names the key.
+    pub fn validate(&self) -> Result<StormPaths, NimbusError> {
+        let paths = StormPaths::new(&self.zookeeper_root)
+            .map_err(|e| NimbusError::Config { key: "storm.zookeeper.root", message: e.to_string() })?;
+        let positive = [
+            ("storm.zookeeper.session.timeout", self.zookeeper_session_timeout_ms),
+            ("storm.zookeeper.connection.timeout", self.zookeeper_connection_timeout_ms),
+            ("nimbus.monitor.freq.secs", self.monitor_freq_secs),
+            ("nimbus.file.copy.expiration.secs", self.file_copy_expiration_secs),
+            ("nimbus.code.max.upload.bytes", self.max_upload_bytes),
+        ];
+        if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(NimbusError::Config { key, message: "must be at least 1".into() });
+        }
+        if self.local_dir.as_os_str().is_empty() {
+            return Err(NimbusError::Config { key: "storm.local.dir", message: "must not be empty".into() });
+        }
+        if self.http_token.as_deref().is_some_and(str::is_empty) {
+            return Err(NimbusError::Config {
+                key: "nimbus.http.token",
+                message: "must not be empty (leave it out to run without a token)".into(),
+            });
+        }
+        Ok(paths)
+    }
+
+    /// `<storm.local.dir>/nimbus`.
+    pub fn nimbus_dir(&self) -> PathBuf {
+        self.local_dir.join("nimbus")
+    }
+}
+
+/// Why nimbus could not start or stopped on its own.
+#[derive(Debug, thiserror::Error)]
+pub enum NimbusError {
+    #[error("config key {key}: {message}")]
+    Config { key: &'static str, message: String },
+    #[error("cannot listen on {address} (nimbus.http.host / nimbus.http.port): {source}")]
+    Bind { address: String, source: std::io::Error },
+    #[error("cannot connect to ZooKeeper: {0}")]
+    Connect(#[source] coord::Error),
+    #[error(transparent)]
+    CodeStore(#[from] CodeStoreError),
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    /// The session expired or was closed; a new nimbus process picks up from ZooKeeper.
+    #[error("the ZooKeeper session ended ({state:?}); restart nimbus")]
+    SessionEnded { state: SessionState },
+}
+
+/// Validates `config`, binds the API, and [`serve`]s until `shutdown`.
+pub async fn run(
+    config: NimbusConfig,
+    ensemble: Ensemble,
+    registry: &prometheus::Registry,
+    shutdown: CancellationToken,
+) -> Result<(), NimbusError> {
+    config.validate()?;
+    let address = format!("{}:{}", config.http_host, config.http_port);
+    let listener = TcpListener::bind(&address)
+        .await
+        .map_err(|source| NimbusError::Bind { address: address.clone(), source })?;
+    serve(config, listener, ensemble, registry, Arc::new(NoTopologyDefinition), shutdown).await
+}
+
+/// Runs nimbus on an already bound `listener` (tests and `squall local` bind port 0 and read
+/// the address first). `rescheduler` is the hook submit fills; see
+/// [`crate::transitions::Rescheduler`].
+pub async fn serve(
+    config: NimbusConfig,
+    listener: TcpListener,
+    ensemble: Ensemble,
+    registry: &prometheus::Registry,
+    rescheduler: Arc<dyn Rescheduler>,
+    shutdown: CancellationToken,
+) -> Result<(), NimbusError> {
+    let paths = config.validate()?;
+    let metrics = NimbusMetrics::register(registry)?;
+    let options = SessionOptions {
+        session_timeout: Duration::from_millis(config.zookeeper_session_timeout_ms),
+        connect_timeout: Duration::from_millis(config.zookeeper_connection_timeout_ms),
+        detached: false,
+    };
+    let session = Arc::new(ensemble.connect(&options).await.map_err(NimbusError::Connect)?);
+    let limits = CodeStoreLimits {
+        max_upload_bytes: config.max_upload_bytes,
+        upload_expiration: Duration::from_secs(config.file_copy_expiration_secs),
+        ..Default::default()
+    };
+    let code = CodeStore::open(config.nimbus_dir(), limits).await?;
+    let transitions = Arc::new(Transitions::new(session.clone(), paths, code.clone(), rescheduler, metrics));
+    let monitor_freq = Duration::from_secs(config.monitor_freq_secs);
+    let (timers, timer_handle) = DeadlineTimers::new(transitions.clone(), monitor_freq);
+    let api = Arc::new(ApiState {
+        transitions,
+        timers: timer_handle,
+        config: ApiConfig { token: config.http_token.clone(), ..Default::default() },
+        nimbus_start_secs: now_secs(),
+    });
+    if let Ok(address) = listener.local_addr() {
+        tracing::info!(%address, "nimbus API listening");
+    }
+
+    let children = shutdown.child_token();
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(timers.run(children.clone()));
+    tasks.spawn(http::run(listener, api, children.clone()));
+    tasks.spawn(expire_uploads(code, monitor_freq, children.clone()));
+
+    let mut states = session.state_changes();
+    let ended = tokio::select! {
+        _ = shutdown.cancelled() => None,
+        state = async {
+            loop {
+                match states.next().await {
+                    Some(event) if event.state.is_terminal() => return event.state,
+                    Some(_) => continue,
+                    None => return SessionState::Closed,
+                }
+            }
+        } => Some(state),
+    };
+    children.cancel();
+    while let Some(joined) = tasks.join_next().await {
+        if let Err(e) = joined {
+            tracing::error!("a nimbus task failed: {e}");
+        }
+    }
+    match ended {
+        Some(state) => Err(NimbusError::SessionEnded { state }),
+        None => Ok(()),
+    }
+}
+
+/// Discards abandoned uploads every `every`.
+async fn expire_uploads(code: CodeStore, every: Duration, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {
+                code.expire().await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_uses_storm_keys_and_defaults() {
+        let config: NimbusConfig = serde_json::from_value(serde_json::json!({
+            "storm.local.dir": "/var/squall",
+            "nimbus.monitor.freq.secs": 2,
+            "nimbus.http.token": "t",
+        }))
+        .unwrap();
+        assert_eq!(config.nimbus_dir(), PathBuf::from("/var/squall/nimbus"));
+        assert_eq!((config.monitor_freq_secs, config.file_copy_expiration_secs), (2, 600));
+        assert_eq!(config.zookeeper_root, "/storm");
+        config.validate().unwrap();
+        let unknown = serde_json::from_value::<NimbusConfig>(serde_json::json!({"nimbus.monitor.freq": 2}));
+        assert!(unknown.unwrap_err().to_string().contains("nimbus.monitor.freq"));
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        for (config, key) in [
+            (NimbusConfig { zookeeper_root: "storm".into(), ..Default::default() }, "storm.zookeeper.root"),
+            (NimbusConfig { monitor_freq_secs: 0, ..Default::default() }, "nimbus.monitor.freq.secs"),
+            (NimbusConfig { http_token: Some(String::new()), ..Default::default() }, "nimbus.http.token"),
+            (NimbusConfig { local_dir: PathBuf::new(), ..Default::default() }, "storm.local.dir"),
+        ] {
+            let err = config.validate().unwrap_err();
+            assert!(err.to_string().starts_with(&format!("config key {key}:")), "{err}");
+        }
+    }
+}

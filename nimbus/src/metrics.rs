@@ -1,0 +1,53 @@
+//! Nimbus's Prometheus metrics, registered on the registry the caller passes down.
+
+use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+
+/// Counters nimbus keeps. Labels are bounded: a status class, an operation name.
+#[derive(Debug, Clone)]
+pub struct NimbusMetrics {
+    /// Znodes skipped because their name or data is not what their place says.
+    pub garbage_znodes: IntCounter,
+    /// API responses by status class (`2xx`, `4xx`, `5xx`).
+    pub http_responses: IntCounterVec,
+    /// Lifecycle events applied, by event and result (`ok`, `refused`, `failed`).
+    pub transitions: IntCounterVec,
+}
+
+impl NimbusMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let metrics = Self::unregistered()?;
+        registry.register(Box::new(metrics.garbage_znodes.clone()))?;
+        registry.register(Box::new(metrics.http_responses.clone()))?;
+        registry.register(Box::new(metrics.transitions.clone()))?;
+        Ok(metrics)
+    }
+
+    /// Metrics counted but exported nowhere (tests, or a caller without a registry).
+    pub fn unregistered() -> prometheus::Result<Self> {
+        Ok(NimbusMetrics {
+            garbage_znodes: IntCounter::with_opts(Opts::new(
+                "squall_nimbus_garbage_znodes_total",
+                "Znodes nimbus skipped because their name or data did not decode",
+            ))?,
+            http_responses: IntCounterVec::new(
+                Opts::new("squall_nimbus_http_responses_total", "Nimbus API responses by status class"),
+                &["class"],
+            )?,
+            transitions: IntCounterVec::new(
+                Opts::new("squall_nimbus_transitions_total", "Topology lifecycle events applied by nimbus"),
+                &["event", "result"],
+            )?,
+        })
+    }
+
+    /// Counts a response of `status`.
+    pub fn response(&self, status: u16) {
+        let class = match status {
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        };
+        self.http_responses.with_label_values(&[class]).inc();
+    }
+}
