@@ -1,8 +1,11 @@
 //! `squall`: the one user-facing command, in Storm's shape.
 //!
-//! Verbs so far: `worker` (what a supervisor launches for one slot). The others arrive with
-//! the issues that build what they drive: `local`, `nimbus`, `supervisor`, `submit`, `kill`,
-//! `activate`, `deactivate`, `rebalance`, `list`, `errors` and `offsets`.
+//! Verbs so far: `local` (run a topology in this process) and `worker` (what a supervisor
+//! launches for one slot). The others arrive with the issues that build what they drive:
+//! `nimbus`, `supervisor`, `submit`, `kill`, `activate`, `deactivate`, `rebalance`, `list`,
+//! `errors` and `offsets`.
+
+mod local;
 
 use std::process::ExitCode;
 
@@ -18,6 +21,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run a topology in this process, with nothing else installed.
+    Local(local::LocalCommand),
     /// Run one worker of a topology on one slot (launched by the supervisor).
     Worker(worker::cli::WorkerCommand),
 }
@@ -31,6 +36,13 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
+        Some(Command::Local(cmd)) => match local::execute(cmd, &worker::Registry::with_builtins()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("squall local: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Some(Command::Worker(cmd)) => match worker::cli::execute(cmd, &worker::Registry::with_builtins()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -1,0 +1,59 @@
+//! `squall local`: the README's main job runs with nothing installed and prints counts; a bad
+//! topology file is refused with the file, line and element named.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::Command;
+
+fn squall() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_squall"))
+}
+
+fn example(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name).display().to_string()
+}
+
+#[test]
+fn wordcount_example_runs_and_prints_counts_and_a_summary() {
+    let out = squall()
+        .args(["local", &example("wordcount.yaml"), "--duration", "3", "--progress", "1"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stderr: {stderr}");
+    // The stdout sink prints the running count of "squall": 1, 2, 3, ... in order (global grouping).
+    let counts: Vec<u64> =
+        stdout.lines().map(|l| l.strip_prefix("squall\t").unwrap().parse().unwrap()).collect();
+    assert!(!counts.is_empty(), "no counts printed; stderr: {stderr}");
+    assert!(counts.windows(2).all(|w| w[1] == w[0] + 1), "counts out of order: {counts:?}");
+    assert!(stderr.contains("running topology wordcount"), "{stderr}");
+    assert!(stderr.lines().any(|l| l.starts_with("[") && l.contains("sentences: emitted")), "{stderr}");
+    let summary: Vec<&str> =
+        stderr.lines().skip_while(|l| !l.starts_with("component")).filter(|l| !l.is_empty()).collect();
+    assert_eq!(summary.len(), 6, "header and five components: {stderr}");
+    let sentences: Vec<&str> = summary[1].split_whitespace().collect();
+    assert_eq!(sentences[0], "sentences");
+    let acked: u64 = sentences[3].parse().unwrap();
+    assert!(acked > 0, "{stderr}");
+}
+
+#[test]
+fn a_bad_topology_file_names_the_file_line_and_element() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.yaml");
+    std::fs::write(&file, "name: x\nspouts:\n  - id: s\n    className: no-such-spout\n    parallelism: 1\n")
+        .unwrap();
+    let out = squall().args(["local", file.to_str().unwrap(), "--duration", "1"]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("bad.yaml") && stderr.contains("line 4") && stderr.contains("no-such-spout"),
+        "{stderr}"
+    );
+
+    let out = squall().args(["local", "/nonexistent/topology.yaml"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/topology.yaml"));
+}
