@@ -13,8 +13,8 @@ use cluster_state::ids::{
 };
 use cluster_state::znode::{
     Assignment, BrokerRegistration, ConsumerRegistration, DecodeError, DelayedTransition, ErrorInfo,
-    ExecutorAssignment, ExecutorStats, OffsetData, OwnerData, StormBase, SubscriptionPattern, SupervisorInfo,
-    TopicRegistration, TopologyStatus, WorkerHeartbeat, ZnodeData,
+    ExecutorAssignment, ExecutorStats, LocalWorkerHeartbeat, OffsetData, OwnerData, StormBase,
+    SubscriptionPattern, SupervisorInfo, TopicRegistration, TopologyStatus, WorkerHeartbeat, ZnodeData,
 };
 use proptest::prelude::*;
 
@@ -337,6 +337,34 @@ fn error_info_garbage() {
     assert_rejects::<ErrorInfo>(ERROR_INFO.replacen("6700", "\"6700\"", 1).as_bytes(), "invalid type");
 }
 
+/// What the worker writes today (worker::process's heartbeat writer produces these bytes).
+const LOCAL_BEAT: &str = r#"{"version":1,"time_secs":1700000070,"topology_id":"wc-1-1700000000","executors":[[1,2],[3,3]],"port":6700}"#;
+
+#[test]
+fn local_worker_heartbeat_golden() {
+    let beat = LocalWorkerHeartbeat {
+        time_secs: 1_700_000_070,
+        topology_id: "wc-1-1700000000".parse().unwrap(),
+        executors: vec![
+            ExecutorId::new(TaskId(1), TaskId(2)).unwrap(),
+            ExecutorId::new(TaskId(3), TaskId(3)).unwrap(),
+        ],
+        port: 6700,
+    };
+    assert_golden(&beat, LOCAL_BEAT);
+    assert_ignores_unknown_fields::<LocalWorkerHeartbeat>(LOCAL_BEAT);
+    assert_eq!(
+        LocalWorkerHeartbeat::path(std::path::Path::new("/var/squall"), "w-1"),
+        std::path::Path::new("/var/squall/workers/w-1/heartbeat")
+    );
+}
+
+#[test]
+fn local_worker_heartbeat_garbage() {
+    assert_rejects_json_garbage::<LocalWorkerHeartbeat>(LOCAL_BEAT, 2);
+    assert_rejects::<LocalWorkerHeartbeat>(LOCAL_BEAT.replacen("[3,3]", "[3,2]", 1).as_bytes(), "");
+}
+
 // ---- Kafka registry ----
 
 /// Exactly what Kafka 0.8's ZookeeperConsumerConnector writes.
@@ -548,6 +576,7 @@ fn decode_all(bytes: &[u8]) {
     let _ = SupervisorInfo::decode(PATH, bytes);
     let _ = WorkerHeartbeat::decode(PATH, bytes);
     let _ = ErrorInfo::decode(PATH, bytes);
+    let _ = LocalWorkerHeartbeat::decode(PATH, bytes);
     let _ = ConsumerRegistration::decode(PATH, bytes);
     let _ = OwnerData::decode(PATH, bytes);
     let _ = OffsetData::decode(PATH, bytes);
@@ -569,7 +598,7 @@ proptest! {
 
     #[test]
     fn mutated_goldens_never_panic(index in 0usize..4096, byte in any::<u8>()) {
-        for golden in [STORM_BASE_ACTIVE, ASSIGNMENT, SUPERVISOR_INFO, HEARTBEAT, ERROR_INFO, KAFKA_REGISTRATION, KAFKA_08_BROKER, KAFKA_TOPIC] {
+        for golden in [STORM_BASE_ACTIVE, ASSIGNMENT, SUPERVISOR_INFO, HEARTBEAT, ERROR_INFO, LOCAL_BEAT, KAFKA_REGISTRATION, KAFKA_08_BROKER, KAFKA_TOPIC] {
             let mut bytes = golden.as_bytes().to_vec();
             let i = index % bytes.len();
             bytes[i] = byte;

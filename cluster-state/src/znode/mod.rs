@@ -33,8 +33,8 @@ pub use kafka::{
     BrokerRegistration, ConsumerRegistration, OffsetData, OwnerData, SubscriptionPattern, TopicRegistration,
 };
 pub use storm::{
-    Assignment, DelayedTransition, ErrorInfo, ExecutorAssignment, ExecutorStats, StormBase, SupervisorInfo,
-    TopologyStatus, WorkerHeartbeat,
+    Assignment, DelayedTransition, ErrorInfo, ExecutorAssignment, ExecutorStats, LocalWorkerHeartbeat,
+    StormBase, SupervisorInfo, TopologyStatus, WorkerHeartbeat,
 };
 
 /// A type stored as a znode's data.
