@@ -11,6 +11,8 @@
 //!   process group and log file, TERM then KILL, adoption by pid after a restart).
 //! - [`local_state`]: the durable local state file (atomic replace, checksummed, corruption
 //!   reported, never a crash).
+//! - [`process_task`]: the process task: heartbeats -> plan -> launcher actions, recorded in the
+//!   local state so a restarted supervisor adopts its workers.
 //! - [`registration`]: the ephemeral `/storm/supervisors/<id>` heartbeat, re-created after a
 //!   session expiry.
 //! - [`plan`]: the sync decisions as pure functions: this node's local assignment, and which
@@ -19,4 +21,5 @@
 pub mod launch;
 pub mod local_state;
 pub mod plan;
+pub mod process_task;
 pub mod registration;
