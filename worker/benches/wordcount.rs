@@ -1,4 +1,5 @@
-//! Word count benchmark (BENCHMARKS.md): generator -> split -> fields(word) -> count.
+//! Word count benchmark (BENCHMARKS.md): generator -> split -> fields(word) -> count, after a
+//! one-hop warm-up figure (generator -> acking sink in one worker).
 //!
 //! Prints, for acking off and on, the median of 3 runs of: sentences/s, words/s, words per
 //! CPU-second (user + sys of this process, from /proc/self/stat), and the p50 / p99 complete
@@ -8,7 +9,8 @@
 //! over loopback TCP): spout, split and acker in one, count in the other, so every word crosses
 //! a serialised hop (and every ack crosses back); CPU is both children's user + sys.
 //!
-//! `cargo bench -p worker --bench wordcount [-- <sentences>]` (default 2,000,000).
+//! `cargo bench -p worker --bench wordcount [-- <sentences> [--two-only]]` (default 2,000,000);
+//! `BATCH=<n>` overrides `topology.producer.batch.size` (default 64).
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -24,7 +26,7 @@ use worker::builtin::{
 };
 use worker::layout::{TaskLayout, plan_worker};
 use worker::process::StaticWorker;
-use worker::{LocalCluster, TopologyBuilder, TopologyConfig};
+use worker::{Bolt, BoltCollector, ComponentError, LocalCluster, TopologyBuilder, TopologyConfig, Tuple};
 
 /// Linux's USER_HZ: the unit of utime / stime in /proc/<pid>/stat.
 const CLOCK_TICKS_PER_SEC: f64 = 100.0;
@@ -61,6 +63,7 @@ fn topology(acking: bool, count: Option<u64>, rate: Option<f64>) -> worker::Topo
     let config = TopologyConfig {
         acker_executors: Some(u32::from(acking)),
         max_spout_pending: acking.then_some(20_000),
+        producer_batch_size: std::env::var("BATCH").ok().and_then(|b| b.parse().ok()).unwrap_or(64),
         ..TopologyConfig::default()
     };
     let mut b = TopologyBuilder::new("wordcount");
@@ -78,6 +81,48 @@ fn topology(acking: bool, count: Option<u64>, rate: Option<f64>) -> worker::Topo
             std::process::exit(2);
         }
     }
+}
+
+/// Acks every input (the receiving end of the one-hop workload).
+struct Sink;
+
+impl Bolt for Sink {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        out.ack(input);
+        Ok(())
+    }
+}
+
+/// One hop: generator -> sink, `items` sentences.
+fn hop_topology(acking: bool, items: u64) -> Option<worker::Topology> {
+    let config = TopologyConfig {
+        acker_executors: Some(u32::from(acking)),
+        max_spout_pending: acking.then_some(20_000),
+        ..TopologyConfig::default()
+    };
+    let mut b = TopologyBuilder::new("hop");
+    b.config(config);
+    b.set_spout("sentences", 1, move || {
+        SentenceSpout::new(SentenceParams { count: Some(items), ..SentenceParams::default() })
+    });
+    b.set_bolt("sink", 1, || Sink).shuffle_grouping("sentences");
+    b.build().ok()
+}
+
+/// One hop in one worker; the tuples are the sentences.
+fn hop_run(acking: bool, items: u64) -> Option<Run> {
+    let topology = hop_topology(acking, items)?;
+    let cpu0 = cpu_secs();
+    let t0 = Instant::now();
+    let cluster = LocalCluster::start(topology).ok()?;
+    let deadline = t0 + Duration::from_secs(300);
+    let done = || if acking { counted(&cluster, "sentences") } else { counted(&cluster, "sink") };
+    while done() < items && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (secs, cpu, n) = (t0.elapsed().as_secs_f64(), cpu_secs() - cpu0, done());
+    cluster.shutdown(Duration::from_secs(5));
+    (n == items).then_some(Run { secs, cpu, sentences: items, words: 0, p50_us: 0, p99_us: 0 })
 }
 
 fn counted(cluster: &LocalCluster, component: &str) -> u64 {
@@ -128,13 +173,15 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// Child mode: `--child <a|b> <port a> <port b> <items> <acking 0|1>`.
+/// Child mode: `--child <a|b> <port a> <port b> <items> <acking 0|1> <wc|hop>`.
 fn child(args: &[String]) -> Option<()> {
     let role = args.first()?.as_str();
     let (port_a, port_b): (u16, u16) = (args.get(1)?.parse().ok()?, args.get(2)?.parse().ok()?);
     let items: u64 = args.get(3)?.parse().ok()?;
     let acking = args.get(4)? == "1";
-    let topology = Arc::new(topology(acking, Some(items), None));
+    let hop = args.get(5).is_some_and(|w| w == "hop");
+    let topology =
+        Arc::new(if hop { hop_topology(acking, items)? } else { topology(acking, Some(items), None) });
     let layout = Arc::new(TaskLayout::compute(&topology.component_parallelism()));
     let node = SupervisorId::new("bench").ok()?;
     let slot_a = WorkerSlot { node: node.clone(), port: port_a };
@@ -145,7 +192,7 @@ fn child(args: &[String]) -> Option<()> {
         .map(|(e, c)| ExecutorAssignment {
             executor: *e,
             node: node.clone(),
-            port: if c.as_str() == "count" { port_b } else { port_a },
+            port: if matches!(c.as_str(), "count" | "sink") { port_b } else { port_a },
             start_time_secs: 0,
         })
         .collect();
@@ -167,14 +214,9 @@ fn child(args: &[String]) -> Option<()> {
     if role == "b" {
         let _ = writeln!(out, "READY");
         let _ = out.flush();
-        let words = words_in(items);
+        let (words, last) = if hop { (items, "sink") } else { (words_in(items), "count") };
         let counted = || {
-            worker
-                .runtime
-                .component_stats("count")
-                .iter()
-                .map(|s| s.acked.load(Ordering::Relaxed))
-                .sum::<u64>()
+            worker.runtime.component_stats(last).iter().map(|s| s.acked.load(Ordering::Relaxed)).sum::<u64>()
         };
         let deadline = Instant::now() + Duration::from_secs(300);
         while counted() < words && Instant::now() < deadline {
@@ -189,7 +231,7 @@ fn child(args: &[String]) -> Option<()> {
     Some(())
 }
 
-fn two_process_run(acking: bool, items: u64) -> Option<Run> {
+fn two_process_run(acking: bool, items: u64, hop: bool) -> Option<Run> {
     let exe = std::env::current_exe().ok()?;
     let free = || std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok().map(|a| a.port());
     let (pa, pb) = (free()?, free()?);
@@ -202,6 +244,7 @@ fn two_process_run(acking: bool, items: u64) -> Option<Run> {
                 &pb.to_string(),
                 &items.to_string(),
                 if acking { "1" } else { "0" },
+                if hop { "hop" } else { "wc" },
             ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -221,12 +264,12 @@ fn two_process_run(acking: bool, items: u64) -> Option<Run> {
         let _ = child.kill();
         let _ = child.wait();
     }
-    let words = words_in(items);
-    (ready == "READY" && done == format!("DONE {words}")).then_some(Run {
+    let target = if hop { items } else { words_in(items) };
+    (ready == "READY" && done == format!("DONE {target}")).then_some(Run {
         secs,
         cpu: used,
         sentences: items,
-        words,
+        words: if hop { 0 } else { target },
         p50_us: 0,
         p99_us: 0,
     })
@@ -253,6 +296,32 @@ fn main() {
         return;
     }
     let items: u64 = args.iter().find_map(|a| a.parse().ok()).unwrap_or(2_000_000);
+    // `--two-only`: only the two-process runs (for profiling).
+    let two_only = args.iter().any(|a| a == "--two-only");
+    if !two_only {
+        one_process(items);
+    }
+    two_processes(items);
+}
+
+fn one_process(items: u64) {
+    println!(
+        "one hop, generator -> bolt in one worker, {items} tuples (~100-byte sentences), median of 3 runs"
+    );
+    for acking in [false, true] {
+        let runs: Vec<Run> = (0..3).filter_map(|_| hop_run(acking, items)).collect();
+        if runs.len() < 3 {
+            println!("acking {}: a run did not finish", if acking { "on" } else { "off" });
+            continue;
+        }
+        let tps = median(runs.iter().map(|r| r.sentences as f64 / r.secs).collect());
+        let tpc = median(runs.iter().map(|r| r.sentences as f64 / r.cpu.max(1e-9)).collect());
+        let cores = median(runs.iter().map(|r| r.cpu / r.secs).collect());
+        println!(
+            "acking {}: {tps:>11.0} tuples/s  {tpc:>11.0} tuples/CPU-s  ({cores:.2} cores busy)",
+            if acking { "on " } else { "off" }
+        );
+    }
     println!("word count, one worker in-process, {items} sentences, median of 3 runs");
     let mut max_rate = 0.0;
     for acking in [false, true] {
@@ -277,15 +346,35 @@ fn main() {
             "half load (acking on, target {rate:.0} sentences/s, got {got:.0}): complete latency p50 {p50:.0} us, p99 {p99:.0} us, {spc:.0} sentences/CPU-s"
         );
     }
+}
+
+fn two_processes(items: u64) {
     println!(
         "word count, two worker processes over loopback TCP (count in the second), {items} sentences, median of 3 runs"
     );
     for acking in [false, true] {
-        let runs: Vec<Run> = (0..3).filter_map(|_| two_process_run(acking, items)).collect();
+        let runs: Vec<Run> = (0..3).filter_map(|_| two_process_run(acking, items, false)).collect();
         if runs.len() < 3 {
             println!("acking {}: a run did not finish", if acking { "on" } else { "off" });
             continue;
         }
         report(if acking { "acking on " } else { "acking off" }, &runs);
+    }
+    println!(
+        "one serialised hop, generator -> bolt in two worker processes, {items} tuples (~100-byte sentences)"
+    );
+    for acking in [false, true] {
+        let runs: Vec<Run> = (0..3).filter_map(|_| two_process_run(acking, items, true)).collect();
+        if runs.len() < 3 {
+            println!("acking {}: a run did not finish", if acking { "on" } else { "off" });
+            continue;
+        }
+        let tps = median(runs.iter().map(|r| r.sentences as f64 / r.secs).collect());
+        let tpc = median(runs.iter().map(|r| r.sentences as f64 / r.cpu.max(1e-9)).collect());
+        let cores = median(runs.iter().map(|r| r.cpu / r.secs).collect());
+        println!(
+            "acking {}: {tps:>11.0} tuples/s  {tpc:>11.0} tuples/CPU-s  ({cores:.2} cores busy)",
+            if acking { "on " } else { "off" }
+        );
     }
 }

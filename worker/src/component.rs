@@ -1,5 +1,6 @@
 //! What users implement: [`Spout`] and [`Bolt`], with their output declarations and context.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use cluster_state::ids::{ComponentId, TaskId};
@@ -94,12 +95,22 @@ pub struct TopologyContext {
     pub component_tasks: Vec<TaskId>,
     /// The topology's configuration.
     pub config: Arc<TopologyConfig>,
+    /// Tasks of every component (Storm's `getComponentTasks`), e.g. for `emit_direct`.
+    pub tasks_by_component: Arc<BTreeMap<ComponentId, Vec<TaskId>>>,
 }
 
 impl TopologyContext {
     /// This task's index among its component's tasks (Storm's `getThisTaskIndex`).
     pub fn task_index(&self) -> usize {
         self.component_tasks.iter().position(|t| *t == self.task_id).unwrap_or(0)
+    }
+
+    /// The tasks of `component`, ascending (empty for an unknown component).
+    pub fn tasks_of(&self, component: &str) -> &[TaskId] {
+        self.tasks_by_component
+            .iter()
+            .find(|(c, _)| c.as_str() == component)
+            .map_or(&[], |(_, t)| t.as_slice())
     }
 }
 

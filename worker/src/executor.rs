@@ -162,12 +162,14 @@ pub(crate) fn spawn(
         shared.errors.clone(),
         stats.clone(),
     );
+    let tasks_by_component = Arc::new(shared.layout.component_tasks.clone());
     let ctx = |task: TaskId| TopologyContext {
         topology_name: shared.topology.name().to_owned(),
         component_id: component.clone(),
         task_id: task,
         component_tasks: shared.layout.component_tasks.get(&component).cloned().unwrap_or_default(),
         config: shared.topology.config().clone(),
+        tasks_by_component: tasks_by_component.clone(),
     };
     let contexts: Vec<TopologyContext> = tasks.iter().map(|t| ctx(*t)).collect();
     let shared2 = shared.clone();

@@ -2,18 +2,24 @@
 //!
 //! This crate owns the `Spout` and `Bolt` traits, tuples and output collectors, the topology
 //! builder and the Flux-style YAML loader with its component registry, executors with Storm's
-//! task ids and groupings, XOR acking, and the in-process mode that runs a topology's workers
-//! in one process.
+//! task ids and groupings, XOR acking, the in-process mode that runs a topology's workers in
+//! one process, the inter-worker TCP transport, and the worker process (assignment from
+//! ZooKeeper, heartbeats, error reports, graceful shutdown). It depends only on
+//! `cluster-state`; nimbus and supervisor never depend on it.
 //!
 //! Layout:
-//! - [`tuple`]: values, fields, tuples. [`component`]: the traits and the topology context.
+//! - [`tuple`](mod@tuple): values, fields, tuples. [`component`]: the traits and the topology context.
 //! - [`collector`]: emitting, acking, batching per destination (one executor's output side).
 //! - [`topology`]: the validated graph and [`TopologyBuilder`]. [`config`]: Storm's keys and
 //!   defaults. [`flux`]: YAML loader and [`Registry`]. [`builtin`]: built-in components.
 //! - Pure decisions: [`layout`] (task ids, executors, which worker runs what), [`grouping`]
 //!   (target choice), [`acker`] (the XOR ledger).
-//! - [`executor`]: one thread per executor with bounded queues. [`runtime`]: a worker's
+//! - `executor`: one thread per executor with bounded queues. [`runtime`]: a worker's
 //!   executors and [`LocalCluster`]. [`stats`]: executor statistics.
+//! - [`transport`]: length-delimited batched frames over TCP, one connection per peer.
+//! - [`process`]: the worker process ([`process::run`]) and [`process::StaticWorker`] (the same
+//!   without ZooKeeper). [`cli`]: the `worker` arguments shared by `squall worker` and users'
+//!   own worker binaries.
 //! - [`error`]: the crate's error enum.
 //!
 //! Building and running a topology in code:

@@ -19,9 +19,11 @@ use cluster_state::coord::{
 };
 use cluster_state::ids::{ComponentId, ExecutorId, SupervisorId, TaskId, TopologyId, WorkerSlot};
 use cluster_state::paths::StormPaths;
-use cluster_state::znode::{Assignment, ErrorInfo, StormBase, TopologyStatus, WorkerHeartbeat, ZnodeData};
+use cluster_state::znode::{
+    Assignment, ErrorInfo, LocalWorkerHeartbeat, StormBase, TopologyStatus, WorkerHeartbeat, ZnodeData,
+};
 use prometheus::{IntCounter, Registry as MetricsRegistry};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::collector::{Batch, ErrorReport};
@@ -76,40 +78,21 @@ pub struct WorkerArgs {
     pub hostname: String,
 }
 
-/// The worker's local heartbeat file (Storm's worker `LocalState` heartbeat), JSON:
-/// `{"version":1,"time_secs":N,"topology_id":"..","executors":[[1,2]],"port":6700}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LocalHeartbeat {
-    pub version: u32,
-    pub time_secs: u64,
-    pub topology_id: TopologyId,
-    pub executors: Vec<ExecutorId>,
-    pub port: u16,
+/// Writes the local heartbeat (cluster-state's [`LocalWorkerHeartbeat`] format) atomically:
+/// a temp file, then a rename, so the supervisor never reads half a beat.
+pub fn write_local_heartbeat(path: &Path, beat: &LocalWorkerHeartbeat) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, beat.encode()).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(format!("rename to {}", path.display()), e))
 }
 
-impl LocalHeartbeat {
-    /// `<local_dir>/workers/<worker_id>/heartbeat`.
-    pub fn path(local_dir: &Path, worker_id: &str) -> PathBuf {
-        local_dir.join("workers").join(worker_id).join("heartbeat")
-    }
-
-    /// Writes atomically (temp file, then rename), so a reader never sees half a beat.
-    pub fn write(&self, path: &Path) -> Result<()> {
-        let dir = path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-        let tmp = path.with_extension("tmp");
-        let bytes =
-            serde_json::to_vec(self).map_err(|e| Error::io("encode heartbeat", std::io::Error::other(e)))?;
-        std::fs::write(&tmp, bytes).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
-        std::fs::rename(&tmp, path).map_err(|e| Error::io(format!("rename to {}", path.display()), e))
-    }
-
-    /// Reads a heartbeat file.
-    pub fn read(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-        serde_json::from_slice(&bytes)
-            .map_err(|e| Error::io(format!("decode {}", path.display()), std::io::Error::other(e)))
-    }
+/// Reads a local heartbeat file.
+pub fn read_local_heartbeat(path: &Path) -> Result<LocalWorkerHeartbeat> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+    LocalWorkerHeartbeat::decode(&path.display().to_string(), &bytes)
+        .map_err(|e| Error::Coord(cluster_state::coord::Error::Decode(e)))
 }
 
 /// Storm's error throttle: at most `max` reports per component in any `window`.
@@ -332,6 +315,27 @@ impl StaticWorker {
     }
 }
 
+/// How often activation is re-evaluated (cheap: a few atomic loads).
+const ACTIVATION_CHECK: Duration = Duration::from_millis(100);
+/// How long spouts wait for connections to every peer before starting anyway.
+const CONNECT_WAIT: Duration = Duration::from_secs(10);
+
+/// Spouts run while the topology is active and, like Storm's workers, only once connections
+/// to and from every peer are up (or [`CONNECT_WAIT`] has passed): tuples sent before would be
+/// dropped and only replayed after the message timeout.
+fn apply_activation(worker: &StaticWorker, status_active: bool, started: Instant) {
+    let ready = worker.peers_connected() || started.elapsed() >= CONNECT_WAIT;
+    let active = status_active && ready;
+    if active != worker.runtime.is_active() {
+        if active {
+            worker.runtime.activate();
+        } else {
+            worker.runtime.deactivate();
+        }
+        tracing::info!(active, "spouts {}", if active { "activated" } else { "deactivated" });
+    }
+}
+
 /// Runs the worker for `args`'s slot until `shutdown` is cancelled.
 pub async fn run(
     args: WorkerArgs,
@@ -422,15 +426,14 @@ async fn run_session(
     let plan = worker.plan.clone();
     tracing::info!(topology = %id, port = args.port, addr = %worker.local_addr(), executors = plan.local_executors.len(), "worker started");
     let mut metrics = Metrics::register(metrics_registry)?;
-    let (active, base_watch) = read_active(session, paths, id).await;
-    if active {
-        worker.runtime.activate();
-    }
+    let (mut status_active, base_watch) = read_active(session, paths, id).await;
+    let started = Instant::now();
+    let mut activation = tokio::time::interval(ACTIVATION_CHECK);
     let mut assign_watch = Some(assign_watch);
     let mut base_watch = base_watch;
     let mut plan = plan;
     let start_secs = now_secs();
-    let beat_path = LocalHeartbeat::path(&args.local_dir, &args.worker_id);
+    let beat_path = LocalWorkerHeartbeat::path(&args.local_dir, &args.worker_id);
     let executors: Vec<ExecutorId> = plan.local_executors.iter().copied().collect();
     let mut throttle = ErrorThrottle::new(
         topology.config().max_error_report_per_interval,
@@ -440,14 +443,15 @@ async fn run_session(
     let mut zk_beat = tokio::time::interval(Duration::from_secs(config.zk_heartbeat_frequency_secs.max(1)));
     let mut refresh = tokio::time::interval(Duration::from_secs(config.refresh_poll_secs.max(1)));
     let beat_znode = paths.workerbeat(id, &slot);
+    let mut fatal: Option<Error> = None;
 
     loop {
         let mut reconcile = false;
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = local_beat.tick() => {
-                let beat = LocalHeartbeat { version: 1, time_secs: now_secs(), topology_id: id.clone(), executors: executors.clone(), port: args.port };
-                if let Err(e) = beat.write(&beat_path) {
+                let beat = LocalWorkerHeartbeat { time_secs: now_secs(), topology_id: id.clone(), executors: executors.clone(), port: args.port };
+                if let Err(e) = write_local_heartbeat(&beat_path, &beat) {
                     tracing::warn!(error = %e, "cannot write the local heartbeat");
                 }
             }
@@ -461,11 +465,20 @@ async fn run_session(
                     time_secs: now,
                     uptime_secs: now.saturating_sub(start_secs),
                 };
-                if let Err(e) = write_znode(session, &beat_znode, &beat.encode()).await {
-                    tracing::warn!(error = %e, "cannot write the ZooKeeper heartbeat");
+                match write_znode(session, &beat_znode, &beat.encode()).await {
+                    Ok(()) => {}
+                    // Without a session the worker cannot heartbeat or see assignments: stop
+                    // (gracefully) and let the supervisor start a fresh one.
+                    Err(Error::Coord(e)) if e.is_session_lost() => {
+                        tracing::error!(error = %e, "ZooKeeper session lost; stopping the worker");
+                        fatal = Some(Error::Coord(e));
+                        break;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot write the ZooKeeper heartbeat"),
                 }
             }
             _ = refresh.tick() => reconcile = true,
+            _ = activation.tick() => {}
             _ = fired(&mut assign_watch) => { assign_watch = None; reconcile = true; }
             _ = fired(&mut base_watch) => { base_watch = None; reconcile = true; }
             Some(report) = err_rx.recv() => {
@@ -504,15 +517,9 @@ async fn run_session(
             }
             let (active, w) = read_active(session, paths, id).await;
             base_watch = w;
-            if active != worker.runtime.is_active() {
-                if active {
-                    worker.runtime.activate()
-                } else {
-                    worker.runtime.deactivate()
-                }
-                tracing::info!(active, "topology status changed");
-            }
+            status_active = active;
         }
+        apply_activation(&worker, status_active, started);
     }
 
     // Graceful shutdown: drain, stop executors, flush peers, stop receiving, remove beats.
@@ -528,7 +535,7 @@ async fn run_session(
     }
     let _ = std::fs::remove_file(&beat_path);
     tracing::info!(topology = %id, port = args.port, "worker stopped");
-    Ok(())
+    fatal.map_or(Ok(()), Err)
 }
 
 /// Sets a persistent znode's data, creating it (and its parents) when missing.

@@ -21,7 +21,7 @@
 //! replays them) and the thread reconnects with backoff, so one dead worker does not stall the rest.
 
 use std::collections::BTreeMap;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -39,7 +39,7 @@ use crate::executor::StreamTable;
 use crate::tuple::{Anchor, Tuple, Value};
 
 const MAGIC: &[u8; 4] = b"SQL1";
-/// Buffer size of a connection's reader and writer.
+/// Initial capacity of a sender's frame buffer.
 pub const MAX_FRAME_BYTES: usize = 256 * 1024;
 /// A sender coalesces queued batches into one frame up to this many envelopes.
 pub const MAX_FRAME_ENVELOPES: usize = 4096;
@@ -55,9 +55,16 @@ fn bad(peer: &str, reason: impl Into<String>) -> Error {
     Error::BadFrame { peer: peer.to_owned(), reason: reason.into() }
 }
 
-/// Appends the encoding of `batch` (count and envelopes) to `out`.
+/// Appends the encoding of `batch` (count and envelopes) to `out`; the sender builds the same
+/// layout incrementally, batch by batch.
+#[cfg(test)]
 pub(crate) fn encode_batch(batch: &[Envelope], out: &mut BytesMut) {
     out.put_u32_le(batch.len() as u32);
+    encode_envelopes(batch, out);
+}
+
+/// Appends the envelopes alone (the caller writes the count).
+fn encode_envelopes(batch: &[Envelope], out: &mut BytesMut) {
     for env in batch {
         match env {
             Envelope::Tuple { task, tuple } => {
@@ -319,17 +326,16 @@ fn send_loop(
     stop: &AtomicBool,
     stats: &TransportStats,
 ) {
-    let mut conn: Option<BufWriter<TcpStream>> = None;
+    // Frames are built whole in `frame`, so the stream is written unbuffered (one copy less).
+    let mut conn: Option<TcpStream> = None;
     let mut backoff = RECONNECT_MIN;
     let mut next_attempt = std::time::Instant::now();
     let mut frame = BytesMut::with_capacity(MAX_FRAME_BYTES + 4096);
     loop {
         if conn.is_none() && std::time::Instant::now() >= next_attempt {
-            match connect(host, port).and_then(|s| {
-                let mut w = BufWriter::with_capacity(MAX_FRAME_BYTES + 4096, s);
-                write_frame(&mut w, &hello(topology_id))?;
-                w.flush()?;
-                Ok(w)
+            match connect(host, port).and_then(|mut s| {
+                write_frame(&mut s, &hello(topology_id))?;
+                Ok(s)
             }) {
                 Ok(w) => {
                     tracing::info!(peer = %format!("{host}:{port}"), "connected to peer worker");
@@ -358,18 +364,23 @@ fn send_loop(
             stats.batches_dropped.fetch_add(1, Ordering::Relaxed);
             continue;
         };
-        // Coalesce queued batches into one frame: one count, all envelopes.
-        let mut envelopes: Batch = first;
-        while envelopes.len() < MAX_FRAME_ENVELOPES {
-            let Ok(more) = rx.try_recv() else { break };
-            envelopes.extend(more);
-        }
+        // Coalesce queued batches into one frame: length, one count, all envelopes. Each batch
+        // is encoded as it is taken, and both header fields are patched at the end.
         frame.clear();
-        frame.put_u32(0); // length, patched below
-        encode_batch(&envelopes, &mut frame);
+        frame.put_u32(0);
+        frame.put_u32_le(0);
+        let mut count = first.len();
+        encode_envelopes(&first, &mut frame);
+        drop(first);
+        while count < MAX_FRAME_ENVELOPES {
+            let Ok(more) = rx.try_recv() else { break };
+            count += more.len();
+            encode_envelopes(&more, &mut frame);
+        }
         let len = (frame.len() - 4) as u32;
         frame[..4].copy_from_slice(&len.to_be_bytes());
-        let ok = w.write_all(&frame).and_then(|()| if rx.is_empty() { w.flush() } else { Ok(()) });
+        frame[4..8].copy_from_slice(&(count as u32).to_le_bytes());
+        let ok = w.write_all(&frame);
         match ok {
             Ok(()) => {
                 stats.frames_sent.fetch_add(1, Ordering::Relaxed);
@@ -382,9 +393,6 @@ fn send_loop(
             }
         }
         if stop.load(Ordering::Relaxed) && rx.is_empty() {
-            if let Some(w) = conn.as_mut() {
-                let _ = w.flush();
-            }
             return;
         }
     }
@@ -462,11 +470,13 @@ impl PeerReceiver {
 
     fn shutdown(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        // Wake the blocking accept.
-        let _ = TcpStream::connect_timeout(
-            &SocketAddr::from(([127, 0, 0, 1], self.addr.port())),
-            Duration::from_secs(1),
-        );
+        // Wake the blocking accept with a connection of our own.
+        let wake = if self.addr.ip().is_unspecified() {
+            SocketAddr::from(([127, 0, 0, 1], self.addr.port()))
+        } else {
+            self.addr
+        };
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
         if let Ok(g) = self.conns.lock() {
             for s in g.iter() {
                 let _ = s.shutdown(Shutdown::Both);
@@ -494,7 +504,8 @@ fn receive_loop(
     dispatch: &BTreeMap<TaskId, Sender<Batch>>,
     stats: &TransportStats,
 ) -> Result<()> {
-    let mut r = BufReader::with_capacity(MAX_FRAME_BYTES, stream);
+    // Frames are read whole (header, then body) straight from the socket: no buffer copy.
+    let mut r = stream;
     let Some(h) = read_frame(&mut r, peer)? else { return Ok(()) };
     if h[..] != hello(topology_id)[..] {
         return Err(bad(peer, "hello from another topology or protocol"));
@@ -519,4 +530,106 @@ fn receive_loop(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::builtin::{SplitSentence, WordCount};
+    use crate::topology::TopologyBuilder;
+    use crate::tuple::Anchors;
+
+    fn table() -> StreamTable {
+        let mut b = TopologyBuilder::new("t");
+        b.set_spout("s", 1, || crate::builtin::SentenceSpout::new(crate::builtin::SentenceParams::default()));
+        b.set_bolt("split", 1, || SplitSentence).shuffle_grouping("s");
+        b.set_bolt("count", 1, WordCount::default).fields_grouping("split", ["word"]);
+        StreamTable::new(&b.build().unwrap())
+    }
+
+    #[test]
+    fn batches_round_trip() {
+        let table = table();
+        let count = table.metas.iter().find(|m| m.component.as_str() == "count").unwrap().clone();
+        let values = [
+            vec![Value::from("word"), Value::Int(-7)],
+            vec![Value::Null, Value::Bool(true)],
+            vec![Value::Float(1.5), Value::Bytes(Bytes::from_static(b"\x00\xff"))],
+        ];
+        let anchors = [
+            Anchors::None,
+            Anchors::One(Anchor { root: 1, edge: 2 }),
+            Anchors::Many(vec![Anchor { root: 3, edge: 4 }, Anchor { root: 5, edge: 6 }]),
+        ];
+        let mut batch: Batch = values
+            .iter()
+            .zip(&anchors)
+            .enumerate()
+            .map(|(i, (v, a))| Envelope::Tuple {
+                task: TaskId(i as u32 + 1),
+                tuple: Tuple {
+                    values: v.clone(),
+                    meta: count.clone(),
+                    source_task: TaskId(9),
+                    anchors: a.clone(),
+                    ack_val: 0.into(),
+                },
+            })
+            .collect();
+        for msg in [
+            AckMsg::Init { root: 1, val: 2, spout_task: TaskId(3) },
+            AckMsg::Ack { root: 4, val: 5 },
+            AckMsg::Fail { root: 6 },
+            AckMsg::Done { root: 7, ok: true },
+            AckMsg::Done { root: 8, ok: false },
+        ] {
+            batch.push(Envelope::Ack { task: TaskId(2), msg });
+        }
+        let mut buf = BytesMut::new();
+        encode_batch(&batch, &mut buf);
+        let back = decode_batch(buf.freeze(), &table, "test").unwrap();
+        assert_eq!(back.len(), batch.len());
+        for (a, b) in batch.iter().zip(&back) {
+            match (a, b) {
+                (Envelope::Tuple { task: ta, tuple: x }, Envelope::Tuple { task: tb, tuple: y }) => {
+                    assert_eq!(ta, tb);
+                    assert_eq!(x.values, y.values);
+                    assert_eq!(x.meta, y.meta);
+                    assert_eq!(x.source_task, y.source_task);
+                    assert_eq!(x.anchors, y.anchors);
+                }
+                (Envelope::Ack { task: ta, msg: x }, Envelope::Ack { task: tb, msg: y }) => {
+                    assert_eq!((ta, x), (tb, y));
+                }
+                _ => panic!("envelope kind changed"),
+            }
+        }
+    }
+
+    #[test]
+    fn corrupt_batches_are_errors_naming_the_peer() {
+        let table = table();
+        let cases: &[(&[u8], &str)] = &[
+            (b"", "truncated"),
+            (&[1, 0, 0, 0, 7, 0, 0, 0, 0], "unknown envelope tag 7"),
+            (&[1, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 99, 0, 0, 0, 0, 0], "unknown stream index 99"),
+            (&[0, 0, 0, 0, 1], "trailing bytes"),
+        ];
+        for (bytes, want) in cases {
+            let e = decode_batch(Bytes::copy_from_slice(bytes), &table, "10.0.0.1:6700").unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.contains(want) && msg.contains("10.0.0.1:6700"), "{bytes:?}: {msg}");
+        }
+    }
+
+    proptest! {
+        /// Garbage from the network never panics the decoder.
+        #[test]
+        fn decoding_garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let table = table();
+            let _ = decode_batch(Bytes::from(bytes), &table, "peer");
+        }
+    }
 }

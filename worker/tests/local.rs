@@ -427,3 +427,86 @@ fn with_acking_off_spout_tuples_are_acked_on_emit() {
     wait_for(30, "all delivered", || seen.lock().unwrap().len() == 100);
     cluster.shutdown(Duration::from_secs(1));
 }
+
+/// Sends tuple `i` directly to task `i % n` of `direct`, recording refusals of a bad target.
+struct DirectSpout {
+    n: u64,
+    next: u64,
+    targets: Vec<TaskId>,
+    refused: Arc<AtomicU64>,
+}
+
+impl Spout for DirectSpout {
+    fn declare_outputs(&self, d: &mut OutputDeclarer) {
+        d.declare(Fields::new(["id", "key"]));
+    }
+
+    fn open(&mut self, ctx: &TopologyContext) -> Result<(), ComponentError> {
+        self.targets = ctx.tasks_of("direct").to_vec();
+        Ok(())
+    }
+
+    fn next_tuple(&mut self, out: &mut SpoutCollector<'_>) -> Result<(), ComponentError> {
+        if self.next >= self.n {
+            return Ok(());
+        }
+        let id = self.next;
+        self.next += 1;
+        let target = self.targets[(id % self.targets.len() as u64) as usize];
+        out.emit_direct(target, "default", values![id as i64, format!("{}", target.0)], Some(id))?;
+        // A task that does not subscribe directly is refused with an error.
+        if id == 0 && out.emit_direct(TaskId(10_000), "default", values![0i64, "x"], None).is_err() {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn direct_grouping_delivers_to_the_named_task() {
+    let seen = Seen::default();
+    let refused = Arc::new(AtomicU64::new(0));
+    let mut b = TopologyBuilder::new("direct");
+    let r = refused.clone();
+    b.set_spout("spout", 1, move || DirectSpout { n: 300, next: 0, targets: Vec::new(), refused: r.clone() });
+    let s = seen.clone();
+    b.set_bolt("direct", 3, move || Recorder { seen: s.clone() }).direct_grouping("spout");
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    wait_for(30, "all delivered", || seen.lock().unwrap().len() == 300);
+    for (task, _, key) in seen.lock().unwrap().iter() {
+        assert_eq!(key, &task.0.to_string(), "tuple for task {key} delivered to {task}");
+    }
+    assert_eq!(refused.load(Ordering::Relaxed), 1);
+    cluster.shutdown(Duration::from_secs(1));
+}
+
+/// Returns an error for every input (after acking it).
+struct Erring;
+
+impl Bolt for Erring {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        out.ack(input);
+        Err(format!("cannot handle {}", input.get_int(0).unwrap_or(-1)).into())
+    }
+}
+
+#[test]
+fn component_errors_are_reported_with_component_and_task() {
+    let rec = Arc::new(Mutex::new(SpoutRecord::default()));
+    let mut b = TopologyBuilder::new("errors");
+    let r = rec.clone();
+    b.set_spout("spout", 1, move || TestSpout::new(3, &r));
+    b.set_bolt("erring", 1, || Erring).shuffle_grouping("spout");
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    let mut errors = Vec::new();
+    wait_for(30, "three errors", || {
+        errors.extend(cluster.take_errors());
+        errors.len() == 3
+    });
+    let task = cluster.tasks_of("erring")[0];
+    for (i, e) in errors.iter().enumerate() {
+        assert_eq!((e.component.as_str(), e.task), ("erring", task));
+        assert_eq!(e.error, format!("cannot handle {i}"));
+    }
+    cluster.shutdown(Duration::from_secs(1));
+}

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use cluster_state::coord::{CreateMode, Ensemble, Session, SessionOptions};
 use cluster_state::ids::{ComponentId, SupervisorId, TopologyId, TopologyName, WorkerSlot};
 use cluster_state::paths::StormPaths;
+use cluster_state::znode::LocalWorkerHeartbeat;
 use cluster_state::znode::{
     Assignment, ErrorInfo, ExecutorAssignment, StormBase, TopologyStatus, WorkerHeartbeat, ZnodeData,
 };
@@ -17,7 +18,7 @@ use test_harness::ZkServer;
 use tokio_util::sync::CancellationToken;
 use worker::builtin::{SentenceParams, SentenceSpout, SplitSentence, WordCount};
 use worker::layout::TaskLayout;
-use worker::process::{LocalHeartbeat, WorkerArgs, WorkerConfig, report_error, run};
+use worker::process::{WorkerArgs, WorkerConfig, read_local_heartbeat, report_error, run};
 use worker::{Bolt, BoltCollector, ComponentError, Topology, TopologyBuilder, TopologyConfig, Tuple};
 
 fn free_port() -> u16 {
@@ -156,7 +157,7 @@ impl Cluster {
     }
 
     fn local_beat_path(&self, worker_id: &str) -> PathBuf {
-        LocalHeartbeat::path(self.dir.path(), worker_id)
+        LocalWorkerHeartbeat::path(self.dir.path(), worker_id)
     }
 }
 
@@ -198,7 +199,7 @@ async fn two_workers_over_loopback_survive_a_restart_of_one() {
     wait_for(30, "counting on the other worker", || async { c.acked(&other, &layout, "count").await > 0 })
         .await;
     assert!(c.local_beat_path("worker-a").exists() && c.local_beat_path("worker-b").exists());
-    let beat = LocalHeartbeat::read(&c.local_beat_path("worker-b")).unwrap();
+    let beat = read_local_heartbeat(&c.local_beat_path("worker-b")).unwrap();
     assert_eq!(beat.topology_id, c.id);
     assert_eq!(beat.executors, assignment.executors_of(&other).collect::<Vec<_>>());
 
@@ -278,4 +279,111 @@ async fn errors_are_rate_limited_and_only_the_last_ten_kept() {
         kept.insert(StormPaths::parse_error_seq(&name).unwrap(), info.error);
     }
     assert_eq!(kept.into_values().collect::<Vec<_>>(), (3..13).map(|i| format!("e{i}")).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_moving_to_another_port_is_followed_through_the_assignment() {
+    let c = Cluster::new("peer_moves").await;
+    let sup = SupervisorId::new("sup-1").unwrap();
+    let (a, b) = (
+        WorkerSlot { node: sup.clone(), port: free_port() },
+        WorkerSlot { node: sup.clone(), port: free_port() },
+    );
+    let topology = wordcount(2);
+    let layout = TaskLayout::compute(&topology.component_parallelism());
+    let assignment = c.submit(&topology, &[a.clone(), b.clone()]).await;
+    let spout_exec = *layout.executors.iter().find(|(_, c)| c.as_str() == "sentences").unwrap().0;
+    let spout_slot = assignment.slot_of(&spout_exec).unwrap();
+    let other = if spout_slot == a { b.clone() } else { a.clone() };
+    let (ta, ha) = c.start(wordcount(2), &spout_slot, "worker-a");
+    let (tb, hb) = c.start(wordcount(2), &other, "worker-b");
+    wait_for(60, "flow across two workers", || async {
+        c.acked(&spout_slot, &layout, "sentences").await >= 200
+    })
+    .await;
+
+    // The other worker stops; nimbus moves its executors to a new port.
+    tb.cancel();
+    hb.await.unwrap().unwrap();
+    let moved = WorkerSlot { node: sup.clone(), port: free_port() };
+    let mut next = assignment.clone();
+    for e in &mut next.executors {
+        if e.slot() == other {
+            e.port = moved.port;
+        }
+    }
+    c.session.set(&c.paths.assignment(&c.id), &next.encode(), None).await.unwrap();
+    let before = c.acked(&spout_slot, &layout, "sentences").await;
+    let (tm, hm) = c.start(wordcount(2), &moved, "worker-moved");
+    wait_for(60, "the flow to resume through the new port", || async {
+        c.acked(&spout_slot, &layout, "sentences").await >= before + 200
+    })
+    .await;
+    assert!(c.acked(&moved, &layout, "count").await > 0);
+    for (t, h) in [(ta, ha), (tm, hm)] {
+        t.cancel();
+        h.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_session_expires_stops_with_an_error() {
+    // The in-memory ensemble (what `squall local` uses) can expire a session on demand.
+    let ensemble = Ensemble::in_memory();
+    let Ensemble::Memory(memory) = ensemble.clone() else { unreachable!() };
+    let s = ensemble.connect(&SessionOptions::default()).await.unwrap();
+    let paths = StormPaths::default();
+    let id = TopologyId::new(&TopologyName::new("wc").unwrap(), 1, 1_700_000_000);
+    let slot = WorkerSlot { node: SupervisorId::new("sup-1").unwrap(), port: free_port() };
+    let topology = wordcount(1);
+    let layout = TaskLayout::compute(&topology.component_parallelism());
+    let executors = layout
+        .executors
+        .keys()
+        .map(|e| ExecutorAssignment {
+            executor: *e,
+            node: slot.node.clone(),
+            port: slot.port,
+            start_time_secs: 1,
+        })
+        .collect();
+    let assignment = Assignment {
+        master_code_dir: "/none".into(),
+        node_host: [(slot.node.clone(), "127.0.0.1".into())].into(),
+        executors,
+    };
+    s.create(&paths.assignment(&id), &assignment.encode(), CreateMode::Persistent.with_parents())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let args = WorkerArgs {
+        topology_id: id.clone(),
+        supervisor_id: slot.node.clone(),
+        port: slot.port,
+        worker_id: "w".into(),
+        local_dir: dir.path().to_owned(),
+        hostname: "127.0.0.1".into(),
+    };
+    let config = WorkerConfig {
+        zk_heartbeat_frequency_secs: 1,
+        bind_host: "127.0.0.1".into(),
+        ..WorkerConfig::default()
+    };
+    let (e2, p2) = (ensemble.clone(), paths.clone());
+    let handle = tokio::spawn(async move {
+        run(args, config, wordcount(1), e2, p2, &prometheus::Registry::new(), CancellationToken::new()).await
+    });
+    let beat = paths.workerbeat(&id, &slot);
+    wait_for(30, "the first ZooKeeper heartbeat", || async { s.exists(&beat).await.unwrap().is_some() })
+        .await;
+    for session in memory.sessions() {
+        if session != s.id() {
+            memory.expire(session);
+        }
+    }
+    let result = tokio::time::timeout(Duration::from_secs(30), handle).await.unwrap().unwrap();
+    match result {
+        Err(worker::Error::Coord(e)) => assert!(e.is_session_lost(), "{e}"),
+        other => panic!("expected a session-lost error, got {other:?}"),
+    }
 }
