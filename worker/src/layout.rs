@@ -1,76 +1,12 @@
-//! Task ids and executors as Storm assigns them, and which worker runs which task: pure
-//! functions of the topology and the assignment.
-//!
-//! Storm numbers tasks from 1 over the components sorted by id (ackers included as
-//! `__acker`), each component getting a consecutive range; a component's tasks are split into
-//! its executors with `partition-fixed` (earlier executors take the remainder). Nimbus must
-//! compute the same ranges, so this is a function of `(component, parallelism, tasks)` only.
+//! Which worker runs which task: a pure function of the shared task layout
+//! ([`cluster_state::layout`], re-exported here) and the assignment.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use cluster_state::ids::{ComponentId, ExecutorId, TaskId, WorkerSlot};
+use cluster_state::ids::{ExecutorId, TaskId, WorkerSlot};
 use cluster_state::znode::Assignment;
 
-/// Splits `items` into `parts` consecutive chunks whose sizes differ by at most one, larger
-/// chunks first (Storm's `partition-fixed`). Fewer chunks when there are fewer items.
-pub fn partition_fixed<T: Clone>(parts: usize, items: &[T]) -> Vec<Vec<T>> {
-    if parts == 0 || items.is_empty() {
-        return Vec::new();
-    }
-    let parts = parts.min(items.len());
-    let base = items.len() / parts;
-    let extra = items.len() % parts;
-    let mut out = Vec::with_capacity(parts);
-    let mut at = 0;
-    for i in 0..parts {
-        let len = base + usize::from(i < extra);
-        out.push(items[at..at + len].to_vec());
-        at += len;
-    }
-    out
-}
-
-/// Every task and executor of a topology.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct TaskLayout {
-    /// Component of each task.
-    pub task_component: BTreeMap<TaskId, ComponentId>,
-    /// Tasks of each component, ascending.
-    pub component_tasks: BTreeMap<ComponentId, Vec<TaskId>>,
-    /// Executors with their component, ascending.
-    pub executors: BTreeMap<ExecutorId, ComponentId>,
-}
-
-impl TaskLayout {
-    /// Storm's numbering for `(component, parallelism, tasks)` triples (any order).
-    pub fn compute(components: &[(ComponentId, u32, u32)]) -> TaskLayout {
-        let mut sorted: Vec<&(ComponentId, u32, u32)> = components.iter().collect();
-        sorted.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut layout = TaskLayout::default();
-        let mut next = 1u32;
-        for (component, parallelism, tasks) in sorted {
-            let ids: Vec<TaskId> = (next..next + tasks).map(TaskId).collect();
-            next += tasks;
-            for t in &ids {
-                layout.task_component.insert(*t, component.clone());
-            }
-            for chunk in partition_fixed(*parallelism as usize, &ids) {
-                if let (Some(first), Some(last)) = (chunk.first(), chunk.last())
-                    && let Ok(e) = ExecutorId::new(*first, *last)
-                {
-                    layout.executors.insert(e, component.clone());
-                }
-            }
-            layout.component_tasks.insert(component.clone(), ids);
-        }
-        layout
-    }
-
-    /// The highest task id (0 for an empty topology).
-    pub fn max_task(&self) -> u32 {
-        self.task_component.keys().next_back().map_or(0, |t| t.0)
-    }
-}
+pub use cluster_state::layout::{TaskLayout, partition_fixed};
 
 /// Where every task of the topology runs, from one worker's point of view.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,66 +65,4 @@ pub fn plan_worker(
         return Err(PlanError::NothingAssigned);
     }
     Ok(plan)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn c(s: &str) -> ComponentId {
-        ComponentId::new(s).unwrap()
-    }
-
-    #[test]
-    fn partition_fixed_table() {
-        let cases: &[(usize, usize, &[usize])] = &[
-            (1, 5, &[5]),
-            (2, 5, &[3, 2]),
-            (3, 5, &[2, 2, 1]),
-            (5, 5, &[1, 1, 1, 1, 1]),
-            (7, 3, &[1, 1, 1]),
-            (0, 3, &[]),
-            (3, 0, &[]),
-        ];
-        for (parts, n, sizes) in cases {
-            let items: Vec<usize> = (0..*n).collect();
-            let got: Vec<usize> = partition_fixed(*parts, &items).iter().map(Vec::len).collect();
-            assert_eq!(&got, sizes, "parts {parts} items {n}");
-        }
-    }
-
-    #[test]
-    fn tasks_are_numbered_over_sorted_components_with_ackers() {
-        // Storm: word-count with spout(1), split(2, 4 tasks), count(3), and 1 acker.
-        let layout = TaskLayout::compute(&[
-            (c("split"), 2, 4),
-            (c("spout"), 1, 1),
-            (c("count"), 3, 3),
-            (c("__acker"), 1, 1),
-        ]);
-        // Sorted: __acker, count, split, spout.
-        let tasks = |name: &str| layout.component_tasks[&c(name)].iter().map(|t| t.0).collect::<Vec<_>>();
-        assert_eq!(tasks("__acker"), vec![1]);
-        assert_eq!(tasks("count"), vec![2, 3, 4]);
-        assert_eq!(tasks("split"), vec![5, 6, 7, 8]);
-        assert_eq!(tasks("spout"), vec![9]);
-        let execs: Vec<(u32, u32, String)> = layout
-            .executors
-            .iter()
-            .map(|(e, comp)| (e.start_task().0, e.end_task().0, comp.to_string()))
-            .collect();
-        assert_eq!(
-            execs,
-            vec![
-                (1, 1, "__acker".into()),
-                (2, 2, "count".into()),
-                (3, 3, "count".into()),
-                (4, 4, "count".into()),
-                (5, 6, "split".into()),
-                (7, 8, "split".into()),
-                (9, 9, "spout".into()),
-            ]
-        );
-        assert_eq!(layout.max_task(), 9);
-    }
 }
