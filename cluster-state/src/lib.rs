@@ -10,11 +10,13 @@
 //!   chroot (default: none, so Kafka's own tools and Burrow read it unchanged).
 //! - [`znode`]: the payload stored at each path. A znode is a wire format: each type is
 //!   versioned, documented, golden-tested, and decodes garbage to an error naming the path.
+//! - [`code`]: the files of a topology's code, by their fixed names.
 //! - [`layout`]: Storm's task ids and executors, computed the same way by nimbus and workers.
 //! - [`coord`]: the coordination client every other crate uses, with two backends of the same
 //!   semantics: real ZooKeeper (`zookeeper-client`) and an in-memory ensemble for
 //!   `squall local` and fast tests. One conformance suite holds both to the same behaviour.
 
+pub mod code;
 pub mod coord;
 pub mod ids;
 pub mod layout;

@@ -89,43 +89,11 @@ impl FromStr for UploadId {
     }
 }
 
-/// The files a topology's code consists of. A closed set, so a file name from a request is
-/// matched, never used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum CodeFile {
-    /// The topology definition (Flux YAML), Storm's `stormcode.ser`.
-    Topology,
-    /// The user's worker binary, Storm's `stormjar.jar`.
-    WorkerBinary,
-}
+pub use cluster_state::code::CodeFile;
 
-impl CodeFile {
-    /// Every code file.
-    pub const ALL: [CodeFile; 2] = [CodeFile::Topology, CodeFile::WorkerBinary];
-
-    /// The file name under `stormdist/<topology-id>/`, also its name in the HTTP API.
-    pub fn file_name(self) -> &'static str {
-        match self {
-            CodeFile::Topology => "topology.yaml",
-            CodeFile::WorkerBinary => "worker",
-        }
-    }
-}
-
-impl fmt::Display for CodeFile {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.file_name())
-    }
-}
-
-impl FromStr for CodeFile {
-    type Err = CodeStoreError;
-    fn from_str(s: &str) -> Result<Self, CodeStoreError> {
-        CodeFile::ALL
-            .into_iter()
-            .find(|f| f.file_name() == s)
-            .ok_or_else(|| CodeStoreError::UnknownCodeFile { value: s.chars().take(80).collect() })
-    }
+/// Parses a code file name from a request, as a code-store error.
+pub fn parse_code_file(name: &str) -> Result<CodeFile, CodeStoreError> {
+    name.parse().map_err(|e: cluster_state::ids::IdError| CodeStoreError::UnknownCodeFile { value: e.value })
 }
 
 /// A finished, verified upload waiting for [`CodeStore::install`].
@@ -550,10 +518,7 @@ mod tests {
         assert_eq!("worker".parse::<CodeFile>().unwrap(), CodeFile::WorkerBinary);
         assert_eq!("topology.yaml".parse::<CodeFile>().unwrap(), CodeFile::Topology);
         for bad in ["", ".", "..", "../worker", "worker/", "/etc/passwd", "worker.sha256", "WORKER"] {
-            assert!(
-                matches!(bad.parse::<CodeFile>(), Err(CodeStoreError::UnknownCodeFile { .. })),
-                "{bad:?}"
-            );
+            assert!(matches!(parse_code_file(bad), Err(CodeStoreError::UnknownCodeFile { .. })), "{bad:?}");
         }
         for bad in
             ["..", "../wc-1-1", "wc/../x-1-1", "..-1-1", "a/b-1-1", "a\\b-1-1", "wc-1", "wc-01-1", ".-1-1"]

@@ -43,7 +43,7 @@ use tokio_util::io::ReaderStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::code_store::{CodeFile, CodeStoreError, UploadId};
+use crate::code_store::{CodeFile, CodeStoreError, UploadId, parse_code_file};
 use crate::lifecycle::{Event, LifecycleError};
 use crate::state;
 use crate::transitions::{Applied, RescheduleError, TimerHandle, TransitionError, Transitions, now_secs};
@@ -370,7 +370,7 @@ async fn route(state: &ApiState, request: Request<Incoming>) -> Result<Response<
         }
         Route::Code(id, file) => {
             let id = topology_id(&id)?;
-            let file: CodeFile = file.parse()?;
+            let file: CodeFile = parse_code_file(&file)?;
             let reader = transitions.code().open_code(&id, file).await?;
             let stream = ReaderStream::new(reader.file).map_ok(Frame::data);
             let mut response = Response::new(StreamBody::new(stream).boxed());

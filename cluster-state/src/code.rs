@@ -1,0 +1,64 @@
+//! The files a topology's code consists of, under `<storm.local.dir>/stormdist/<topology-id>/`
+//! on nimbus (where it is uploaded) and on every supervisor (where it is downloaded to), and
+//! their names in nimbus's HTTP API. A closed set, so a file name from a request is matched,
+//! never used as a path.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::ids::IdError;
+
+/// One file of a topology's code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CodeFile {
+    /// The topology definition (Flux YAML), Storm's `stormcode.ser`.
+    Topology,
+    /// The user's worker binary, Storm's `stormjar.jar`; optional (the `squall` binary's
+    /// built-in components run topologies without one).
+    WorkerBinary,
+}
+
+impl CodeFile {
+    /// Every code file.
+    pub const ALL: [CodeFile; 2] = [CodeFile::Topology, CodeFile::WorkerBinary];
+
+    /// The file name under `stormdist/<topology-id>/`, also its name in the HTTP API.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            CodeFile::Topology => "topology.yaml",
+            CodeFile::WorkerBinary => "worker",
+        }
+    }
+}
+
+impl fmt::Display for CodeFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.file_name())
+    }
+}
+
+impl FromStr for CodeFile {
+    type Err = IdError;
+    fn from_str(s: &str) -> Result<Self, IdError> {
+        CodeFile::ALL.into_iter().find(|f| f.file_name() == s).ok_or_else(|| IdError {
+            kind: "code file",
+            value: s.chars().take(80).collect(),
+            rule: "must be one of topology.yaml, worker",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_nothing_else_parses() {
+        for file in CodeFile::ALL {
+            assert_eq!(file.file_name().parse::<CodeFile>().unwrap(), file);
+        }
+        for bad in ["", "../worker", "worker/", "Topology.yaml", "stormjar.jar", "topology.yaml\0"] {
+            assert!(bad.parse::<CodeFile>().is_err(), "{bad:?}");
+        }
+    }
+}
