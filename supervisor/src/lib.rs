@@ -7,6 +7,8 @@
 //! so `squall local` can run them in-process; this crate never depends on `worker`.
 //!
 //! Layout so far:
+//! - [`code_sync`]: topology code downloaded from nimbus into `stormdist/<id>`, checksum-checked,
+//!   installed atomically, removed when stale.
 //! - [`launch`]: the [`launch::Launcher`] trait and the process launcher (no shell, own
 //!   process group and log file, TERM then KILL, adoption by pid after a restart).
 //! - [`local_state`]: the durable local state file (atomic replace, checksummed, corruption
@@ -18,6 +20,7 @@
 //! - [`plan`]: the sync decisions as pure functions: this node's local assignment, and which
 //!   workers to kill and which ports to launch (Storm's `sync-processes`).
 
+pub mod code_sync;
 pub mod launch;
 pub mod local_state;
 pub mod plan;

@@ -1,0 +1,204 @@
+//! Topology code on this machine: downloaded from nimbus into
+//! `<storm.local.dir>/stormdist/<topology-id>/`, checked against the SHA-256 nimbus recorded at
+//! upload, and deleted when no assignment needs it any more (Storm's supervisor
+//! `download-storm-code` and its cleanup).
+//!
+//! A download goes to a temporary directory next to the final one and is renamed into place
+//! only when every file arrived and matched its checksum, so a topology directory that exists is
+//! complete: a crash mid-download leaves only a temporary directory, removed on the next sync.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cluster_state::code::CodeFile;
+use cluster_state::ids::TopologyId;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper::{Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+/// The header nimbus sends a code file's SHA-256 in (lowercase hex).
+pub const CHECKSUM_HEADER: &str = "x-checksum-sha256";
+const TMP_PREFIX: &str = ".download-";
+
+/// Why a topology's code could not be brought here.
+#[derive(Debug, thiserror::Error)]
+pub enum CodeError {
+    #[error("cannot reach nimbus at {nimbus}: {reason}")]
+    Nimbus { nimbus: String, reason: String },
+    #[error("nimbus answered {status} for {file} of topology {topology}: {body}")]
+    Status { topology: TopologyId, file: CodeFile, status: StatusCode, body: String },
+    #[error("nimbus sent {file} of topology {topology} without a checksum")]
+    NoChecksum { topology: TopologyId, file: CodeFile },
+    #[error(
+        "{file} of topology {topology} arrived corrupt (sha256 {actual}, nimbus says {expected}); it will be downloaded again"
+    )]
+    Checksum { topology: TopologyId, file: CodeFile, expected: String, actual: String },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CodeError + '_ {
+    move |source| CodeError::Io { path: path.to_path_buf(), source }
+}
+
+/// See the module docs.
+#[derive(Debug, Clone)]
+pub struct CodeSync {
+    /// nimbus's API address, `host:port`.
+    pub nimbus: String,
+    /// `<storm.local.dir>/stormdist`.
+    pub stormdist: PathBuf,
+    /// Bound on one file's download.
+    pub timeout: Duration,
+}
+
+impl CodeSync {
+    /// Code under `<local_dir>/stormdist`, fetched from nimbus at `nimbus` (`host:port`).
+    pub fn new(nimbus: impl Into<String>, local_dir: &Path) -> Self {
+        CodeSync {
+            nimbus: nimbus.into(),
+            stormdist: local_dir.join("stormdist"),
+            timeout: Duration::from_secs(300),
+        }
+    }
+
+    /// Where a topology's code lives here.
+    pub fn topology_dir(&self, topology: &TopologyId) -> PathBuf {
+        self.stormdist.join(topology.as_str())
+    }
+
+    /// Whether the topology's code is here (complete, since it is installed atomically).
+    pub fn has(&self, topology: &TopologyId) -> bool {
+        self.topology_dir(topology).join(CodeFile::Topology.file_name()).is_file()
+    }
+
+    /// Makes sure the topology's code is here, downloading it if not. Returns its directory.
+    pub async fn ensure(&self, topology: &TopologyId) -> Result<PathBuf, CodeError> {
+        let dir = self.topology_dir(topology);
+        if self.has(topology) {
+            return Ok(dir);
+        }
+        tokio::fs::create_dir_all(&self.stormdist).await.map_err(io(&self.stormdist))?;
+        let tmp = self.stormdist.join(format!("{TMP_PREFIX}{}-{}", topology, uuid::Uuid::new_v4()));
+        tokio::fs::create_dir(&tmp).await.map_err(io(&tmp))?;
+        let result = self.download_all(topology, &tmp).await;
+        let result = match result {
+            Ok(()) => match tokio::fs::rename(&tmp, &dir).await {
+                Ok(()) => Ok(dir),
+                // Another sync installed it meanwhile: theirs is as good as ours.
+                Err(_) if self.has(topology) => Ok(dir),
+                Err(e) => Err(CodeError::Io { path: dir, source: e }),
+            },
+            Err(e) => Err(e),
+        };
+        let _ = tokio::fs::remove_dir_all(&tmp).await;
+        result
+    }
+
+    async fn download_all(&self, topology: &TopologyId, into: &Path) -> Result<(), CodeError> {
+        for file in CodeFile::ALL {
+            let target = into.join(file.file_name());
+            match tokio::time::timeout(self.timeout, self.download(topology, file, &target)).await {
+                Ok(Ok(())) => {}
+                // A topology without its own worker binary runs on the squall binary.
+                Ok(Err(CodeError::Status { status: StatusCode::NOT_FOUND, .. }))
+                    if file == CodeFile::WorkerBinary => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    return Err(CodeError::Nimbus {
+                        nimbus: self.nimbus.clone(),
+                        reason: format!("downloading {file} of {topology} took over {:?}", self.timeout),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Streams one file to `target`, hashing as it goes.
+    async fn download(&self, topology: &TopologyId, file: CodeFile, target: &Path) -> Result<(), CodeError> {
+        let unreachable = |reason: String| CodeError::Nimbus { nimbus: self.nimbus.clone(), reason };
+        let stream =
+            tokio::net::TcpStream::connect(&self.nimbus).await.map_err(|e| unreachable(e.to_string()))?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        let driver = tokio::spawn(connection);
+        let request = Request::get(format!("/api/v1/topology/{topology}/code/{}", file.file_name()))
+            .header(hyper::header::HOST, &self.nimbus)
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| unreachable(e.to_string()))?;
+        let response = sender.send_request(request).await.map_err(|e| unreachable(e.to_string()))?;
+        let status = response.status();
+        let expected = response
+            .headers()
+            .get(CHECKSUM_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_ascii_lowercase);
+        let mut body = response.into_body();
+        if !status.is_success() {
+            let text = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            driver.abort();
+            return Err(CodeError::Status {
+                topology: topology.clone(),
+                file,
+                status,
+                body: String::from_utf8_lossy(&text).chars().take(200).collect(),
+            });
+        }
+        let expected = expected.ok_or_else(|| CodeError::NoChecksum { topology: topology.clone(), file })?;
+        let mut out = tokio::fs::File::create(target).await.map_err(io(target))?;
+        let mut hash = Sha256::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| unreachable(e.to_string()))?;
+            if let Ok(data) = frame.into_data() {
+                hash.update(&data);
+                out.write_all(&data).await.map_err(io(target))?;
+            }
+        }
+        out.sync_all().await.map_err(io(target))?;
+        driver.abort();
+        let actual = hex::encode(hash.finalize());
+        if actual != expected {
+            return Err(CodeError::Checksum { topology: topology.clone(), file, expected, actual });
+        }
+        if file == CodeFile::WorkerBinary {
+            use std::os::unix::fs::PermissionsExt;
+            tokio::fs::set_permissions(target, std::fs::Permissions::from_mode(0o755))
+                .await
+                .map_err(io(target))?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the code of every topology not in `keep`, and leftover temporary downloads.
+    /// Returns the topologies removed.
+    pub fn remove_stale(&self, keep: &BTreeSet<TopologyId>) -> Vec<TopologyId> {
+        let Ok(entries) = std::fs::read_dir(&self.stormdist) else { return Vec::new() };
+        let mut removed = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let stale = match name.parse::<TopologyId>() {
+                Ok(id) if !keep.contains(&id) => Some(Some(id)),
+                Ok(_) => None,
+                Err(_) if name.starts_with(TMP_PREFIX) => Some(None),
+                // Not ours to judge: leave it.
+                Err(_) => None,
+            };
+            if let Some(id) = stale {
+                match std::fs::remove_dir_all(entry.path()) {
+                    Ok(()) => removed.extend(id),
+                    Err(e) => {
+                        tracing::warn!(path = %entry.path().display(), error = %e, "cannot remove stale code")
+                    }
+                }
+            }
+        }
+        removed.sort();
+        removed
+    }
+}
