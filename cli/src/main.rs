@@ -1,10 +1,11 @@
 //! `squall`: the one user-facing command, in Storm's shape.
 //!
-//! Verbs so far: `local` (run a topology in this process) and `worker` (what a supervisor
-//! launches for one slot). The others arrive with the issues that build what they drive:
-//! `nimbus`, `supervisor`, `submit`, `kill`, `activate`, `deactivate`, `rebalance`, `list`,
-//! `errors` and `offsets`.
+//! Verbs so far: `local` (run a topology in this process), `nimbus` and `supervisor` (the
+//! daemons) and `worker` (what a supervisor launches for one slot). The others arrive with the
+//! issues that build what they drive: `submit`, `kill`, `activate`, `deactivate`, `rebalance`,
+//! `list`, `errors` and `offsets`.
 
+mod daemons;
 mod local;
 
 use std::process::ExitCode;
@@ -23,6 +24,10 @@ struct Cli {
 enum Command {
     /// Run a topology in this process, with nothing else installed.
     Local(local::LocalCommand),
+    /// Run nimbus: the HTTP API, topology code, kill and rebalance transitions.
+    Nimbus(daemons::DaemonArgs),
+    /// Run a supervisor: register, sync assignments and code, run and watch workers.
+    Supervisor(daemons::DaemonArgs),
     /// Run one worker of a topology on one slot (launched by the supervisor).
     Worker(worker::cli::WorkerCommand),
 }
@@ -43,6 +48,8 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Some(Command::Nimbus(args)) => report("nimbus", daemons::nimbus(args)),
+        Some(Command::Supervisor(args)) => report("supervisor", daemons::supervisor(args)),
         Some(Command::Worker(cmd)) => match worker::cli::execute(cmd, &worker::Registry::with_builtins()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -51,5 +58,16 @@ fn main() -> ExitCode {
             }
         },
         None => ExitCode::SUCCESS,
+    }
+}
+
+/// Exits with the error printed, naming the verb.
+fn report(verb: &str, result: Result<(), String>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("squall {verb}: {e}");
+            ExitCode::FAILURE
+        }
     }
 }

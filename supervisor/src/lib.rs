@@ -9,6 +9,8 @@
 //! Layout so far:
 //! - [`code_sync`]: topology code downloaded from nimbus into `stormdist/<id>`, checksum-checked,
 //!   installed atomically, removed when stale.
+//! - [`daemon`]: [`daemon::SupervisorConfig`] (Storm's keys) and [`daemon::run`], wiring
+//!   registration, assignment sync, code sync and the process task together.
 //! - [`launch`]: the [`launch::Launcher`] trait and the process launcher (no shell, own
 //!   process group and log file, TERM then KILL, adoption by pid after a restart).
 //! - [`local_state`]: the durable local state file (atomic replace, checksummed, corruption
@@ -21,6 +23,7 @@
 //!   workers to kill and which ports to launch (Storm's `sync-processes`).
 
 pub mod code_sync;
+pub mod daemon;
 pub mod launch;
 pub mod local_state;
 pub mod plan;

@@ -1,0 +1,339 @@
+//! The supervisor process: registration, the sync task and the process task, wired together.
+//!
+//! Every `supervisor.monitor.frequency.secs`, and whenever the assignments change (a children
+//! watch on `/storm/assignments`, re-armed each round), one round runs: read every assignment,
+//! keep this node's ports, make sure each assigned topology's code is here (downloading it from
+//! nimbus), reconcile the workers, publish the ports in use, and delete code nothing needs.
+//! Reconcile, don't react: a round always starts from what ZooKeeper and the heartbeats say now.
+//!
+//! Stopping the supervisor leaves its workers running, as Storm does: the next supervisor on
+//! this machine adopts them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cluster_state::code::CodeFile;
+use cluster_state::coord::{self, Ensemble, Session, SessionOptions};
+use cluster_state::ids::{SupervisorId, TopologyId};
+use cluster_state::paths::StormPaths;
+use cluster_state::znode::{Assignment, SupervisorInfo};
+use serde::Deserialize;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::code_sync::CodeSync;
+use crate::launch::{Launcher, WorkerSpec};
+use crate::plan::{LocalAssignment, WorkerTimeouts, local_assignment};
+use crate::process_task::{ProcessError, ProcessTask, SpecBuilder};
+use crate::registration::Registration;
+
+/// The supervisor's settings, with Storm's key names.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SupervisorConfig {
+    #[serde(rename = "storm.local.dir")]
+    pub local_dir: PathBuf,
+    #[serde(rename = "storm.zookeeper.root")]
+    pub zookeeper_root: String,
+    #[serde(rename = "storm.zookeeper.session.timeout")]
+    pub zookeeper_session_timeout_ms: u64,
+    #[serde(rename = "storm.zookeeper.connection.timeout")]
+    pub zookeeper_connection_timeout_ms: u64,
+    /// This machine's name as nimbus and peers should reach it (default: $HOSTNAME).
+    #[serde(rename = "storm.local.hostname")]
+    pub hostname: Option<String>,
+    #[serde(rename = "supervisor.slots.ports")]
+    pub slots_ports: Vec<u16>,
+    #[serde(rename = "supervisor.worker.timeout.secs")]
+    pub worker_timeout_secs: u64,
+    #[serde(rename = "supervisor.worker.start.timeout.secs")]
+    pub worker_start_timeout_secs: u64,
+    #[serde(rename = "supervisor.monitor.frequency.secs")]
+    pub monitor_frequency_secs: u64,
+    #[serde(rename = "supervisor.heartbeat.frequency.secs")]
+    pub heartbeat_frequency_secs: u64,
+    /// Grace between asking a worker to stop and killing it.
+    #[serde(rename = "supervisor.worker.shutdown.sleep.secs")]
+    pub worker_shutdown_sleep_secs: u64,
+    /// Squall's: nimbus's API, `host:port`, where topology code is downloaded from.
+    #[serde(rename = "nimbus.http.address")]
+    pub nimbus_address: String,
+}
+
+impl Default for SupervisorConfig {
+    /// Storm's defaults.yaml, key by key.
+    fn default() -> Self {
+        SupervisorConfig {
+            local_dir: PathBuf::from("storm-local"),
+            zookeeper_root: StormPaths::DEFAULT_ROOT.to_owned(),
+            zookeeper_session_timeout_ms: 20_000,
+            zookeeper_connection_timeout_ms: 15_000,
+            hostname: None,
+            slots_ports: vec![6700, 6701, 6702, 6703],
+            worker_timeout_secs: 30,
+            worker_start_timeout_secs: 120,
+            monitor_frequency_secs: 3,
+            heartbeat_frequency_secs: 5,
+            worker_shutdown_sleep_secs: 3,
+            nimbus_address: "127.0.0.1:8080".to_owned(),
+        }
+    }
+}
+
+/// A supervisor that cannot start (a bad setting or its local state).
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error("bad setting {key}: {reason}")]
+    Config { key: &'static str, reason: String },
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+}
+
+impl SupervisorConfig {
+    /// Checks what cannot be right, naming the key.
+    pub fn validate(&self) -> Result<StormPaths, SupervisorError> {
+        if self.slots_ports.is_empty() || self.slots_ports.contains(&0) {
+            return Err(SupervisorError::Config {
+                key: "supervisor.slots.ports",
+                reason: "needs at least one port, none of them 0".into(),
+            });
+        }
+        for (key, value) in [
+            ("supervisor.monitor.frequency.secs", self.monitor_frequency_secs),
+            ("supervisor.heartbeat.frequency.secs", self.heartbeat_frequency_secs),
+            ("supervisor.worker.timeout.secs", self.worker_timeout_secs),
+        ] {
+            if value == 0 {
+                return Err(SupervisorError::Config { key, reason: "must be at least 1".into() });
+            }
+        }
+        StormPaths::new(&self.zookeeper_root)
+            .map_err(|e| SupervisorError::Config { key: "storm.zookeeper.root", reason: e.to_string() })
+    }
+
+    fn session_options(&self) -> SessionOptions {
+        SessionOptions {
+            session_timeout: Duration::from_millis(self.zookeeper_session_timeout_ms),
+            connect_timeout: Duration::from_millis(self.zookeeper_connection_timeout_ms),
+            detached: false,
+        }
+    }
+}
+
+/// How workers are started: the `squall` executable (used when a topology has no worker binary
+/// of its own) and the ZooKeeper connect string they get.
+#[derive(Debug, Clone)]
+pub struct WorkerLaunch {
+    pub squall: PathBuf,
+    pub zookeeper: String,
+}
+
+fn worker_spec(config: &SupervisorConfig, code: &CodeSync, launch: &WorkerLaunch) -> SpecBuilder {
+    let (config, code, launch) = (config.clone(), code.clone(), launch.clone());
+    Arc::new(move |supervisor: &SupervisorId, worker_id: &str, port: u16, assignment: &LocalAssignment| {
+        let dir = code.topology_dir(&assignment.topology_id);
+        let own_binary = dir.join(CodeFile::WorkerBinary.file_name());
+        let program = if own_binary.is_file() { own_binary } else { launch.squall.clone() };
+        let mut args: Vec<OsString> = vec!["worker".into()];
+        let mut arg = |name: &str, value: OsString| {
+            args.push(name.into());
+            args.push(value);
+        };
+        arg("--topology-id", assignment.topology_id.as_str().into());
+        arg("--supervisor-id", supervisor.as_str().into());
+        arg("--port", port.to_string().into());
+        arg("--worker-id", worker_id.into());
+        arg("--zookeeper", launch.zookeeper.clone().into());
+        arg("--storm-root", config.zookeeper_root.clone().into());
+        arg("--topology-file", dir.join(CodeFile::Topology.file_name()).into());
+        arg("--local-dir", config.local_dir.clone().into());
+        if let Some(host) = &config.hostname {
+            arg("--hostname", host.into());
+        }
+        let logs = config.local_dir.join("logs");
+        WorkerSpec {
+            worker_id: worker_id.to_owned(),
+            program,
+            args,
+            env: Vec::new(),
+            dir: config.local_dir.clone(),
+            log_path: logs.join(format!("worker-{port}-{worker_id}.log")),
+        }
+    })
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Reads every assignment, skipping (and logging) garbage.
+async fn read_assignments(
+    session: &Session,
+    paths: &StormPaths,
+) -> coord::Result<BTreeMap<TopologyId, Assignment>> {
+    let mut out = BTreeMap::new();
+    let dir = paths.assignments_dir();
+    let children = match session.children(&dir).await {
+        Ok(children) => children,
+        Err(coord::Error::NoNode { .. }) => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    for child in children {
+        let Ok(id) = child.parse::<TopologyId>() else {
+            tracing::warn!(path = %format!("{dir}/{child}"), "ignoring an assignment with a bad name");
+            continue;
+        };
+        match session.read::<Assignment>(&paths.assignment(&id)).await {
+            Ok((assignment, _)) => {
+                out.insert(id, assignment);
+            }
+            Err(coord::Error::NoNode { .. }) => {}
+            Err(coord::Error::Decode(e)) => tracing::warn!(error = %e, "ignoring an unreadable assignment"),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// Runs the supervisor until `shutdown`.
+pub async fn run(
+    config: SupervisorConfig,
+    ensemble: Ensemble,
+    launcher: Arc<dyn Launcher>,
+    launch: WorkerLaunch,
+    shutdown: CancellationToken,
+) -> Result<(), SupervisorError> {
+    let paths = config.validate()?;
+    std::fs::create_dir_all(config.local_dir.join("logs")).map_err(|e| SupervisorError::Config {
+        key: "storm.local.dir",
+        reason: format!("cannot create {}: {e}", config.local_dir.join("logs").display()),
+    })?;
+    let code = CodeSync::new(config.nimbus_address.clone(), &config.local_dir);
+    let timeouts = WorkerTimeouts {
+        heartbeat_secs: config.worker_timeout_secs,
+        start_secs: config.worker_start_timeout_secs,
+    };
+    let mut process = ProcessTask::open(
+        &config.local_dir,
+        launcher,
+        worker_spec(&config, &code, &launch),
+        timeouts,
+        Duration::from_secs(config.worker_shutdown_sleep_secs),
+    )?;
+    let supervisor_id = process.supervisor_id().clone();
+    tracing::info!(%supervisor_id, ports = ?config.slots_ports, "supervisor starting");
+
+    let (ports_tx, ports_rx) = watch::channel(process.used_ports());
+    let hostname = config
+        .hostname
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_owned());
+    let registration = Registration {
+        ensemble: ensemble.clone(),
+        session_options: config.session_options(),
+        paths: paths.clone(),
+        info: SupervisorInfo {
+            time_secs: 0,
+            hostname,
+            supervisor_id: supervisor_id.clone(),
+            used_ports: Vec::new(),
+            all_ports: config.slots_ports.clone(),
+            uptime_secs: 0,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            metrics_endpoint: None,
+        },
+        used_ports: ports_rx,
+        heartbeat_interval: Duration::from_secs(config.heartbeat_frequency_secs),
+    };
+    let registered = tokio::spawn(registration.run(shutdown.child_token()));
+
+    let slots: BTreeSet<u16> = config.slots_ports.iter().copied().collect();
+    let tick = Duration::from_secs(config.monitor_frequency_secs);
+    let mut session: Option<Session> = None;
+    while !shutdown.is_cancelled() {
+        if session.as_ref().is_none_or(|s| s.state().is_terminal()) {
+            session = match ensemble.connect(&config.session_options()).await {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(error = %e, "supervisor cannot reach ZooKeeper; retrying");
+                    None
+                }
+            };
+        }
+        let mut changed = None;
+        if let Some(s) = &session {
+            // Arm the watch before reading, so a change during the round triggers the next one.
+            changed = s.children_watch(&paths.assignments_dir()).await.ok().map(|(_, w)| w);
+            match read_assignments(s, &paths).await {
+                Ok(assignments) => round(&supervisor_id, &assignments, &slots, &code, &mut process).await,
+                Err(e) => tracing::warn!(error = %e, "cannot read assignments; retrying"),
+            }
+            let _ = ports_tx.send(process.used_ports());
+        }
+        let wait = async {
+            match changed {
+                Some(watch) => {
+                    let _ = tokio::time::timeout(tick, watch).await;
+                }
+                None => tokio::time::sleep(tick).await,
+            }
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = wait => {}
+        }
+    }
+    let _ = registered.await;
+    if let Some(s) = session {
+        let _ = s.close().await;
+    }
+    tracing::info!(%supervisor_id, "supervisor stopped; its workers keep running");
+    Ok(())
+}
+
+/// One sync-and-process round.
+async fn round(
+    supervisor: &SupervisorId,
+    assignments: &BTreeMap<TopologyId, Assignment>,
+    slots: &BTreeSet<u16>,
+    code: &CodeSync,
+    process: &mut ProcessTask,
+) {
+    let local = match local_assignment(supervisor, assignments) {
+        Ok(local) => local,
+        Err(conflict) => {
+            tracing::error!(error = %conflict, "inconsistent assignments; waiting for nimbus to fix them");
+            return;
+        }
+    };
+    let mut desired = BTreeMap::new();
+    for (port, assignment) in local {
+        if !slots.contains(&port) {
+            tracing::warn!(port, topology = %assignment.topology_id, "assigned a port this supervisor does not offer");
+            continue;
+        }
+        match code.ensure(&assignment.topology_id).await {
+            Ok(_) => {
+                desired.insert(port, assignment);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot get topology code; retrying next round"),
+        }
+    }
+    match process.reconcile(&desired, now_secs()).await {
+        Ok(done) => {
+            for action in done {
+                tracing::info!(?action, "worker action");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "worker actions failed; retrying next round"),
+    }
+    let mut keep: BTreeSet<TopologyId> = desired.values().map(|a| a.topology_id.clone()).collect();
+    keep.extend(process.workers().values().map(|w| w.topology_id.clone()));
+    for removed in code.remove_stale(&keep) {
+        tracing::info!(topology = %removed, "removed code no assignment needs");
+    }
+}
