@@ -41,22 +41,13 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
-        Some(Command::Local(cmd)) => match local::execute(cmd, &worker::Registry::with_builtins()) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("squall local: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        Some(Command::Local(cmd)) => report("local", components().and_then(|c| local::execute(cmd, &c))),
         Some(Command::Nimbus(args)) => report("nimbus", daemons::nimbus(args)),
         Some(Command::Supervisor(args)) => report("supervisor", daemons::supervisor(args)),
-        Some(Command::Worker(cmd)) => match worker::cli::execute(cmd, &worker::Registry::with_builtins()) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("squall worker: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        Some(Command::Worker(cmd)) => report(
+            "worker",
+            components().and_then(|c| worker::cli::execute(cmd, &c).map_err(|e| e.to_string())),
+        ),
         None => ExitCode::SUCCESS,
     }
 }
@@ -70,4 +61,13 @@ fn report(verb: &str, result: Result<(), String>) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The components a topology file can name: the worker's built-ins and the Kafka spout and bolt.
+/// Their metrics go to a registry of this process (exported once `/metrics` lands).
+fn components() -> Result<worker::Registry, String> {
+    let mut components = worker::Registry::with_builtins();
+    kafka_spout::register(&mut components, &prometheus::Registry::new())
+        .map_err(|e| format!("cannot register the Kafka components: {e}"))?;
+    Ok(components)
 }

@@ -1,7 +1,73 @@
 //! The Kafka spout and the Kafka producer bolt.
 //!
-//! This crate will own (issue "kafka-spout"): a spout whose every task is one member of a
-//! consumer group (through `consumer-registry`), fetching with rdkafka from the partitions that
-//! task owns, tracking acknowledged offsets per partition and committing only the contiguous
-//! acknowledged prefix (at-least-once), replaying failed tuples, and handing partitions off with a
-//! drain; plus a producer bolt that acks its input only after the broker acknowledged the write.
+//! The spout ingests Kafka at least once: each spout task is one member of a consumer group in
+//! Kafka's ZooKeeper registry (`consumer-registry`), fetches with librdkafka from the partitions
+//! it owns, and commits, per partition, only the offset after the contiguous acknowledged
+//! prefix. Failed tuples are replayed with bounded exponential backoff; partitions are handed
+//! off with a drain; nothing is emitted while ZooKeeper is disconnected. The producer bolt
+//! writes tuples to a topic and acks them once the broker has them.
+//!
+//! Layout:
+//! - `offsets`: the pure core: [`offsets::safe_offset`], [`offsets::PartitionOffsets`],
+//!   [`offsets::RetryPolicy`], [`offsets::MsgId`].
+//! - `config`: [`KafkaSpoutConfig`], [`KafkaBoltConfig`] (topology `params:`).
+//! - `spout`: [`KafkaSpout`] (executor side) and its coordinator (registry side).
+//! - `bolt`: [`KafkaBolt`].
+//! - `metrics`: `squall_spout_*` and `squall_kafka_bolt_*` families.
+//! - `error`: the crate's error enum.
+//!
+//! Registering both by name for topology YAML (`className: kafka-spout` / `kafka-bolt`):
+//!
+//! ```
+//! let mut components = worker::Registry::with_builtins();
+//! kafka_spout::register(&mut components, &prometheus::Registry::new())?;
+//! # Ok::<(), kafka_spout::Error>(())
+//! ```
+
+pub mod bolt;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod offsets;
+pub mod spout;
+
+use std::sync::Arc;
+
+pub use bolt::KafkaBolt;
+pub use config::{KafkaBoltConfig, KafkaSpoutConfig};
+pub use error::{Error, Result};
+pub use metrics::{BoltMetrics, SpoutMetrics};
+pub use spout::{FIELDS, KafkaSpout, SpoutEnv};
+use worker::flux::parse_params;
+use worker::{Bolt, Spout};
+
+/// The spout's registry name.
+pub const SPOUT_NAME: &str = "kafka-spout";
+/// The producer bolt's registry name.
+pub const BOLT_NAME: &str = "kafka-bolt";
+
+/// Registers `kafka-spout` and `kafka-bolt` on `components`, with their metrics (and the
+/// consumer registry's) on `metrics`. Call once per metrics registry.
+pub fn register(components: &mut worker::Registry, metrics: &prometheus::Registry) -> Result<()> {
+    register_with(components, SpoutEnv::register(metrics)?, BoltMetrics::register(metrics)?);
+    Ok(())
+}
+
+/// Like [`register`], with metric families already registered and, optionally, an ensemble
+/// in `env` (the in-memory one of `squall local`).
+pub fn register_with(components: &mut worker::Registry, env: SpoutEnv, bolt_metrics: BoltMetrics) {
+    components.register_spout(SPOUT_NAME, move |p| {
+        let config: KafkaSpoutConfig = parse_params(p)?;
+        config.validate().map_err(|e| e.to_string())?;
+        let config = Arc::new(config);
+        let env = env.clone();
+        Ok(Arc::new(move || Box::new(KafkaSpout::new(config.clone(), env.clone())) as Box<dyn Spout>))
+    });
+    components.register_bolt(BOLT_NAME, move |p| {
+        let config: KafkaBoltConfig = parse_params(p)?;
+        config.validate().map_err(|e| e.to_string())?;
+        let config = Arc::new(config);
+        let metrics = bolt_metrics.clone();
+        Ok(Arc::new(move || Box::new(KafkaBolt::new(config.clone(), metrics.clone())) as Box<dyn Bolt>))
+    });
+}

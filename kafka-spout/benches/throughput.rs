@@ -1,0 +1,329 @@
+//! Kafka -> count, side by side on one tansu broker and topic (BENCHMARKS.md): a raw rdkafka
+//! consumer that assigns every partition and counts, and the topology kafka spout -> counting
+//! bolt with acking on. Prints rates, rates per CPU-second of this process, and the ratio
+//! (goal >= 0.8); the median of `SQUALL_BENCH_RUNS` (default 3) runs each.
+//!
+//! `cargo bench -p kafka-spout --bench throughput` (needs tansu: `SQUALL_TANSU` or on PATH).
+//! `SQUALL_BENCH_MESSAGES` (default 1,000,000 100-byte messages, 8 partitions).
+//! Knobs for investigating: `SQUALL_BENCH_ACKERS` (`0`: acking off), `SQUALL_BENCH_SPOUT_WAIT_MS`.
+//! The spout's registry is the in-memory ensemble: ZooKeeper only sees a commit every
+//! `offsets.commit.interval.ms`, which is not what is measured here.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../tests/support/tansu.rs"]
+mod tansu;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use cluster_state::coord::Ensemble;
+use kafka_spout::{KafkaSpout, KafkaSpoutConfig, SpoutEnv};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use worker::{Bolt, BoltCollector, ComponentError, LocalCluster, TopologyBuilder, TopologyConfig, Tuple};
+
+const PARTITIONS: i32 = 8;
+const TOPIC: &str = "bench";
+
+/// User + system CPU seconds of this process so far (from /proc/self/stat, in clock ticks of
+/// 1/100 s, Linux's USER_HZ).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // Fields 14 and 15 of stat (utime, stime) are 11 and 12 after the command name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn produce(bootstrap: &str, n: u64) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "20")
+        .set("batch.num.messages", "10000")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()
+        .unwrap();
+    let payload = [b'x'; 100];
+    for i in 0..n {
+        let key = i.to_string();
+        let partition = (i % PARTITIONS as u64) as i32;
+        let mut record = BaseRecord::to(TOPIC).key(&key).payload(&payload[..]).partition(partition);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    record = back;
+                    producer.poll(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(120)).unwrap();
+}
+
+struct Run {
+    secs: f64,
+    cpu: f64,
+}
+
+fn raw_consumer(bootstrap: &str, n: u64) -> Run {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "raw")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "10")
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(TOPIC, p, rdkafka::Offset::Beginning).unwrap();
+    }
+    let (start, cpu) = (Instant::now(), cpu_seconds());
+    consumer.assign(&tpl).unwrap();
+    let mut count = 0;
+    let deadline = start + Duration::from_secs(600);
+    while count < n && Instant::now() < deadline {
+        if let Some(Ok(_)) = consumer.poll(Duration::from_millis(100)) {
+            count += 1;
+        }
+    }
+    assert_eq!(count, n, "raw consumer read everything");
+    Run { secs: start.elapsed().as_secs_f64(), cpu: cpu_seconds() - cpu }
+}
+
+struct Count(Arc<AtomicU64>);
+
+impl Bolt for Count {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        out.ack(input);
+        Ok(())
+    }
+}
+
+fn spout_topology(bootstrap: &str, n: u64, run: usize) -> Run {
+    let metrics = prometheus::Registry::new();
+    let mut env = SpoutEnv::register(&metrics).unwrap();
+    env.ensemble = Some(Ensemble::in_memory());
+    let mut config = KafkaSpoutConfig {
+        bootstrap_servers: bootstrap.into(),
+        topics: vec![TOPIC.into()],
+        group_id: format!("bench-{run}"),
+        auto_offset_reset: consumer_registry::OffsetReset::Smallest,
+        ..KafkaSpoutConfig::default()
+    };
+    config.librdkafka.insert("fetch.wait.max.ms".into(), "10".into());
+    let config = Arc::new(config);
+    let counted = Arc::new(AtomicU64::new(0));
+    let mut builder = TopologyBuilder::new("bench");
+    let wait: u64 =
+        std::env::var("SQUALL_BENCH_SPOUT_WAIT_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let ackers: Option<u32> = std::env::var("SQUALL_BENCH_ACKERS").ok().and_then(|v| v.parse().ok());
+    builder.config(TopologyConfig {
+        max_spout_pending: Some(20_000),
+        spout_wait_ms: wait,
+        acker_executors: ackers,
+        ..TopologyConfig::default()
+    });
+    builder.set_spout("kafka", 1, move || KafkaSpout::new(config.clone(), env.clone()));
+    let c = counted.clone();
+    builder.set_bolt("count", 1, move || Count(c.clone())).shuffle_grouping("kafka");
+    let (start, cpu) = (Instant::now(), cpu_seconds());
+    let cluster = LocalCluster::start(builder.build().unwrap()).unwrap();
+    let acked = || {
+        cluster
+            .runtime()
+            .component_stats("kafka")
+            .iter()
+            .map(|s| s.acked.load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    let deadline = start + Duration::from_secs(600);
+    while acked() < n && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let run = Run { secs: start.elapsed().as_secs_f64(), cpu: cpu_seconds() - cpu };
+    assert_eq!(acked(), n, "spout acked everything");
+    assert!(counted.load(Ordering::Relaxed) >= n);
+    cluster.shutdown(Duration::from_secs(5));
+    run
+}
+
+/// The runtime's own ceiling: the built-in generator spout (no Kafka) -> count, acking on,
+/// same topology config.
+fn generator_topology(n: u64) -> Run {
+    use worker::builtin::{SentenceParams, SentenceSpout};
+    let counted = Arc::new(AtomicU64::new(0));
+    let mut builder = TopologyBuilder::new("ceiling");
+    builder.config(TopologyConfig { max_spout_pending: Some(20_000), ..TopologyConfig::default() });
+    builder.set_spout("gen", 1, move || {
+        SentenceSpout::new(SentenceParams { count: Some(n), ..SentenceParams::default() })
+    });
+    let c = counted.clone();
+    builder.set_bolt("count", 1, move || Count(c.clone())).shuffle_grouping("gen");
+    let (start, cpu) = (Instant::now(), cpu_seconds());
+    let cluster = LocalCluster::start(builder.build().unwrap()).unwrap();
+    let acked = || {
+        cluster.runtime().component_stats("gen").iter().map(|s| s.acked.load(Ordering::Relaxed)).sum::<u64>()
+    };
+    let deadline = start + Duration::from_secs(600);
+    while acked() < n && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let run = Run { secs: start.elapsed().as_secs_f64(), cpu: cpu_seconds() - cpu };
+    cluster.shutdown(Duration::from_secs(5));
+    run
+}
+
+/// Diagnostic: a bare spout that polls librdkafka (zero timeout) and emits the offset
+/// untracked, to separate the executor's polling pattern from the Kafka spout's own work.
+struct BareSpout {
+    bootstrap: String,
+    consumer: Option<BaseConsumer>,
+}
+
+impl worker::Spout for BareSpout {
+    fn declare_outputs(&self, declarer: &mut worker::OutputDeclarer) {
+        if std::env::var_os("SQUALL_BENCH_BARE_COPY").is_some() {
+            declarer.declare(worker::Fields::new(["offset", "key", "value"]));
+        } else {
+            declarer.declare(worker::Fields::new(["offset"]));
+        }
+    }
+
+    fn open(&mut self, _: &worker::TopologyContext) -> Result<(), ComponentError> {
+        let consumer: BaseConsumer = if std::env::var_os("SQUALL_BENCH_BARE_SPOUT_CONFIG").is_some() {
+            let mut config = KafkaSpoutConfig {
+                bootstrap_servers: self.bootstrap.clone(),
+                topics: vec![TOPIC.into()],
+                group_id: "bare".into(),
+                ..KafkaSpoutConfig::default()
+            };
+            config.librdkafka.insert("fetch.wait.max.ms".into(), "10".into());
+            config.consumer_config().create()?
+        } else {
+            ClientConfig::new()
+                .set("bootstrap.servers", &self.bootstrap)
+                .set("group.id", "bare")
+                .set("fetch.wait.max.ms", "10")
+                .create()?
+        };
+        if std::env::var_os("SQUALL_BENCH_BARE_INCREMENTAL").is_some() {
+            for p in 0..PARTITIONS {
+                let mut tpl = rdkafka::TopicPartitionList::new();
+                tpl.add_partition_offset(TOPIC, p, rdkafka::Offset::Beginning)?;
+                consumer.incremental_assign(&tpl)?;
+            }
+        } else {
+            let mut tpl = rdkafka::TopicPartitionList::new();
+            for p in 0..PARTITIONS {
+                tpl.add_partition_offset(TOPIC, p, rdkafka::Offset::Beginning)?;
+            }
+            consumer.assign(&tpl)?;
+        }
+        self.consumer = Some(consumer);
+        Ok(())
+    }
+
+    fn next_tuple(&mut self, out: &mut worker::SpoutCollector<'_>) -> Result<(), ComponentError> {
+        let Some(c) = &self.consumer else { return Ok(()) };
+        for _ in 0..64 {
+            match c.poll(Duration::ZERO) {
+                Some(Ok(m)) => {
+                    use rdkafka::message::Message;
+                    if std::env::var_os("SQUALL_BENCH_BARE_COPY").is_some() {
+                        let b = |x: Option<&[u8]>| {
+                            x.map_or(worker::Value::Null, |x| worker::Value::Bytes(x.to_vec().into()))
+                        };
+                        let v = vec![worker::Value::Int(m.offset()), b(m.key()), b(m.payload())];
+                        let keep = v.clone();
+                        out.emit(v, None)?;
+                        drop(keep);
+                    } else {
+                        out.emit(vec![worker::Value::Int(m.offset())], None)?;
+                    }
+                }
+                _ => break,
+            }
+        }
+        Ok(())
+    }
+}
+
+fn bare_topology(bootstrap: &str, n: u64) -> Run {
+    let counted = Arc::new(AtomicU64::new(0));
+    let mut builder = TopologyBuilder::new("bare");
+    let b = bootstrap.to_owned();
+    builder.set_spout("bare", 1, move || BareSpout { bootstrap: b.clone(), consumer: None });
+    let c = counted.clone();
+    builder.set_bolt("count", 1, move || Count(c.clone())).shuffle_grouping("bare");
+    let (start, cpu) = (Instant::now(), cpu_seconds());
+    let cluster = LocalCluster::start(builder.build().unwrap()).unwrap();
+    let deadline = start + Duration::from_secs(600);
+    while counted.load(Ordering::Relaxed) < n && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let run = Run { secs: start.elapsed().as_secs_f64(), cpu: cpu_seconds() - cpu };
+    cluster.shutdown(Duration::from_secs(5));
+    run
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let n: u64 =
+        std::env::var("SQUALL_BENCH_MESSAGES").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let runs: usize = std::env::var("SQUALL_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let broker = tansu::Tansu::start();
+    broker.create_topic(TOPIC, PARTITIONS);
+    let t = Instant::now();
+    produce(&broker.bootstrap(), n);
+    println!(
+        "produced {n} x 100-byte messages to {PARTITIONS} partitions in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let (mut raw_rate, mut raw_cpu_rate, mut spout_rate, mut spout_cpu_rate, mut ratios) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let ceiling = generator_topology(n);
+    println!(
+        "runtime ceiling (generator spout -> count, acking, no Kafka): {:.0} tuples/s ({:.0} per CPU-s)",
+        n as f64 / ceiling.secs,
+        n as f64 / ceiling.cpu.max(0.01)
+    );
+    if std::env::var_os("SQUALL_BENCH_BARE").is_some() {
+        let bare = bare_topology(&broker.bootstrap(), n);
+        println!("bare polling spout -> count, no acking: {:.0} msgs/s", n as f64 / bare.secs);
+    }
+    for run in 0..runs {
+        let raw = raw_consumer(&broker.bootstrap(), n);
+        let spout = spout_topology(&broker.bootstrap(), n, run);
+        let (r, s) = (n as f64 / raw.secs, n as f64 / spout.secs);
+        println!(
+            "run {run}: raw consumer {:>9.0} msgs/s ({:>9.0} per CPU-s) | spout -> count, acking {:>9.0} msgs/s ({:>9.0} per CPU-s) | ratio {:.2}",
+            r,
+            n as f64 / raw.cpu.max(0.01),
+            s,
+            n as f64 / spout.cpu.max(0.01),
+            s / r
+        );
+        raw_rate.push(r);
+        raw_cpu_rate.push(n as f64 / raw.cpu.max(0.01));
+        spout_rate.push(s);
+        spout_cpu_rate.push(n as f64 / spout.cpu.max(0.01));
+        ratios.push(s / r);
+    }
+    println!(
+        "median of {runs}: raw consumer {:.0} msgs/s ({:.0} per CPU-s); spout -> count with acking {:.0} msgs/s ({:.0} per CPU-s); ratio {:.2} (goal >= 0.8)",
+        median(raw_rate),
+        median(raw_cpu_rate),
+        median(spout_rate),
+        median(spout_cpu_rate),
+        median(ratios)
+    );
+}

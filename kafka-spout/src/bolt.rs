@@ -1,0 +1,187 @@
+//! The Kafka producer bolt (a sink): writes a field of each tuple as the record value (and
+//! optionally another as the key) and acks the input only once the broker acknowledged the
+//! write; a write the broker refuses, or that times out (`message.timeout.ms`), fails the input
+//! so the spout replays it.
+//!
+//! librdkafka reports deliveries on its own polling thread; they reach the executor thread
+//! through a channel and are applied at the next `execute` (a tuple or a tick tuple: the bolt
+//! asks for one every second, so the last writes of a burst are acked without new input).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::time::Duration;
+
+use prometheus::IntCounter;
+use rdkafka::ClientContext;
+use rdkafka::error::KafkaError;
+use rdkafka::message::DeliveryResult;
+use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use worker::{Bolt, BoltCollector, ComponentError, TopologyContext, Tuple, Value};
+
+use crate::config::KafkaBoltConfig;
+use crate::error::Error;
+use crate::metrics::BoltMetrics;
+
+/// How long `cleanup` waits for writes still in flight.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Sends delivery reports (write number, outcome) to the executor thread.
+struct DeliveryContext {
+    reports: std::sync::Mutex<Sender<(usize, Result<(), KafkaError>)>>,
+}
+
+impl ClientContext for DeliveryContext {}
+
+impl ProducerContext for DeliveryContext {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, write: usize) {
+        let outcome = result.as_ref().map(|_| ()).map_err(|(e, _)| e.clone());
+        // The bolt is gone (shutdown): nobody is left to ack.
+        let _ = self.reports.lock().unwrap_or_else(std::sync::PoisonError::into_inner).send((write, outcome));
+    }
+}
+
+/// The producer bolt. One per task.
+pub struct KafkaBolt {
+    config: Arc<KafkaBoltConfig>,
+    metrics: BoltMetrics,
+    running: Option<Running>,
+}
+
+impl std::fmt::Debug for KafkaBolt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaBolt").field("topic", &self.config.topic).finish_non_exhaustive()
+    }
+}
+
+struct Running {
+    producer: ThreadedProducer<DeliveryContext>,
+    reports: Receiver<(usize, Result<(), KafkaError>)>,
+    in_flight: HashMap<usize, Tuple>,
+    next_write: usize,
+    written: IntCounter,
+    errors: IntCounter,
+}
+
+impl KafkaBolt {
+    /// A bolt task with this (validated) configuration.
+    pub fn new(config: Arc<KafkaBoltConfig>, metrics: BoltMetrics) -> Self {
+        KafkaBolt { config, metrics, running: None }
+    }
+}
+
+fn bytes(value: &Value) -> Option<Vec<u8>> {
+    match value {
+        Value::Null => None,
+        Value::Bytes(b) => Some(b.to_vec()),
+        Value::Str(s) => Some(s.as_bytes().to_vec()),
+        other => Some(other.to_string().into_bytes()),
+    }
+}
+
+impl Running {
+    /// Acks or fails the inputs whose writes were answered; with `wait`, blocks (bounded) for
+    /// at least one answer.
+    fn apply_reports(&mut self, out: &mut BoltCollector<'_>, wait: Option<Duration>) {
+        let mut first = wait.and_then(|w| self.reports.recv_timeout(w).ok());
+        loop {
+            let Some((write, outcome)) = first.take().or_else(|| self.reports.try_recv().ok()) else { break };
+            let Some(input) = self.in_flight.remove(&write) else { continue };
+            match outcome {
+                Ok(()) => {
+                    self.written.inc();
+                    out.ack(&input);
+                }
+                Err(e) => {
+                    self.errors.inc();
+                    out.report_error(format!("kafka producer: {e}"));
+                    out.fail(&input);
+                }
+            }
+        }
+    }
+}
+
+impl Bolt for KafkaBolt {
+    fn prepare(&mut self, context: &TopologyContext) -> Result<(), ComponentError> {
+        let (tx, reports) = channel();
+        let context_ = DeliveryContext { reports: std::sync::Mutex::new(tx) };
+        let producer = self
+            .config
+            .producer_config()
+            .create_with_context(context_)
+            .map_err(|source| Error::Client { context: "creating the producer", source })?;
+        let labels = [context.component_id.as_str(), self.config.topic.as_str()];
+        self.running = Some(Running {
+            producer,
+            reports,
+            in_flight: HashMap::new(),
+            next_write: 0,
+            written: self.metrics.written.with_label_values(&labels),
+            errors: self.metrics.write_errors.with_label_values(&labels),
+        });
+        Ok(())
+    }
+
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        let Some(r) = &mut self.running else { return Ok(()) };
+        if input.is_tick() {
+            r.apply_reports(out, None);
+            return Ok(());
+        }
+        while r.in_flight.len() >= self.config.max_in_flight as usize {
+            r.apply_reports(out, Some(Duration::from_millis(100)));
+        }
+        r.apply_reports(out, None);
+        let value = input
+            .get_by_field(&self.config.value_field)
+            .ok_or_else(|| Error::MissingField { field: self.config.value_field.clone() })?;
+        let key = match &self.config.key_field {
+            Some(field) => match input.get_by_field(field) {
+                Some(v) => bytes(v),
+                None => return Err(Box::new(Error::MissingField { field: field.clone() })),
+            },
+            None => None,
+        };
+        let payload = bytes(value);
+        let write = r.next_write;
+        r.next_write = r.next_write.wrapping_add(1);
+        let mut record: BaseRecord<'_, [u8], [u8], usize> =
+            BaseRecord::with_opaque_to(&self.config.topic, write);
+        if let Some(k) = key.as_deref() {
+            record = record.key(k);
+        }
+        if let Some(p) = payload.as_deref() {
+            record = record.payload(p);
+        }
+        loop {
+            match r.producer.send(record) {
+                Ok(()) => break,
+                // librdkafka's queue is full: wait for answers, then try again.
+                Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    r.apply_reports(out, Some(Duration::from_millis(100)));
+                }
+                Err((source, _)) => {
+                    return Err(Box::new(Error::Produce { topic: self.config.topic.clone(), source }));
+                }
+            }
+        }
+        r.in_flight.insert(write, input.clone());
+        Ok(())
+    }
+
+    fn tick_tuple_freq_secs(&self) -> Option<u64> {
+        Some(1)
+    }
+
+    fn cleanup(&mut self) {
+        if let Some(r) = &mut self.running
+            && let Err(e) = r.producer.flush(FLUSH_TIMEOUT)
+        {
+            tracing::warn!(topic = %self.config.topic, error = %e, "flushing the producer on shutdown");
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! The spout's and the producer bolt's configuration (their `params:` in topology YAML).
+//!
+//! Field names are Kafka's config keys with `.` as `_` where Kafka has one; defaults cite their
+//! source. Validate once with `validate`, at topology load: the error names the key.
+
+use std::collections::BTreeMap;
+
+use consumer_registry::{OffsetReset, RegistryConfig};
+use rdkafka::ClientConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::offsets::RetryPolicy;
+
+/// librdkafka keys the spout sets itself; the pass-through map may not override them.
+const OWNED_CONSUMER_KEYS: &[&str] =
+    &["bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store", "auto.offset.reset"];
+
+/// The Kafka spout's configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaSpoutConfig {
+    /// `bootstrap.servers`: Kafka brokers, `host:port,...`.
+    pub bootstrap_servers: String,
+    /// Topics to consume (each spout task subscribes one consumer thread per topic).
+    pub topics: Vec<String>,
+    /// `group.id`: the consumer group in the ZooKeeper registry.
+    pub group_id: String,
+    /// `auto.offset.reset`: where a partition without a (valid) committed offset starts.
+    /// Kafka 0.8's default: `largest`.
+    pub auto_offset_reset: OffsetReset,
+    /// `offsets.commit.interval.ms`: Kafka 0.8's default, 2000 (SPEC section 5).
+    pub offsets_commit_interval_ms: u64,
+    /// `fetch.min.bytes`: librdkafka's default, 1.
+    pub fetch_min_bytes: u32,
+    /// `fetch.max.bytes`: librdkafka's default, 52428800.
+    pub fetch_max_bytes: u32,
+    /// `max.partition.fetch.bytes`: librdkafka's default, 1048576.
+    pub max_partition_fetch_bytes: u32,
+    /// `zookeeper.connect`: the registry's ensemble, `host:port,...` (Kafka 0.8's key).
+    pub zookeeper_connect: String,
+    /// The registry's chroot (Kafka's paths under it); `null` for the ZooKeeper root.
+    pub zookeeper_chroot: Option<String>,
+    /// The rest of the consumer registry's settings (session timeout, rebalance retries...).
+    /// Its `auto_offset_reset` is replaced by the one above.
+    pub registry: RegistryConfig,
+    /// How failed tuples are replayed.
+    pub retry: RetryPolicy,
+    /// Squall's: the most messages one `next_tuple` call emits (amortises locking).
+    pub emit_batch: u32,
+    /// Any other librdkafka consumer property, passed through (e.g. `fetch.wait.max.ms`).
+    pub librdkafka: BTreeMap<String, String>,
+}
+
+impl Default for KafkaSpoutConfig {
+    fn default() -> Self {
+        KafkaSpoutConfig {
+            bootstrap_servers: "localhost:9092".into(),
+            topics: Vec::new(),
+            group_id: String::new(),
+            auto_offset_reset: OffsetReset::Largest,
+            offsets_commit_interval_ms: 2000,
+            fetch_min_bytes: 1,
+            fetch_max_bytes: 52_428_800,
+            max_partition_fetch_bytes: 1_048_576,
+            zookeeper_connect: "localhost:2181".into(),
+            zookeeper_chroot: None,
+            registry: RegistryConfig::default(),
+            retry: RetryPolicy::default(),
+            emit_batch: 64,
+            librdkafka: BTreeMap::new(),
+        }
+    }
+}
+
+fn invalid(key: &str, reason: impl Into<String>) -> Error {
+    Error::InvalidConfig { key: key.to_owned(), reason: reason.into() }
+}
+
+impl KafkaSpoutConfig {
+    /// Checks the values once; the error names the key.
+    pub fn validate(&self) -> Result<()> {
+        if self.bootstrap_servers.trim().is_empty() {
+            return Err(invalid("bootstrap_servers", "must not be empty"));
+        }
+        if self.topics.is_empty() {
+            return Err(invalid("topics", "must name at least one topic"));
+        }
+        for topic in &self.topics {
+            cluster_state::ids::Topic::new(topic.clone())?;
+        }
+        cluster_state::ids::GroupId::new(self.group_id.clone())
+            .map_err(|e| invalid("group_id", e.to_string()))?;
+        if self.offsets_commit_interval_ms == 0 {
+            return Err(invalid("offsets_commit_interval_ms", "must be greater than 0"));
+        }
+        if self.emit_batch == 0 {
+            return Err(invalid("emit_batch", "must be greater than 0"));
+        }
+        if self.retry.max_delay_ms == 0 && self.retry.delay_period_ms > 0 {
+            return Err(invalid("retry.max_delay_ms", "must be greater than 0"));
+        }
+        if let Some(key) = self.librdkafka.keys().find(|k| OWNED_CONSUMER_KEYS.contains(&k.as_str())) {
+            return Err(invalid(
+                &format!("librdkafka.{key}"),
+                "is set by the spout; use the spout's own key",
+            ));
+        }
+        self.registry_config().validate().map_err(|e| invalid("registry", e.to_string()))?;
+        self.consumer_config().create::<rdkafka::consumer::BaseConsumer>().map_err(|e| {
+            invalid("librdkafka", format!("librdkafka refuses the consumer configuration: {e}"))
+        })?;
+        Ok(())
+    }
+
+    /// The consumer registry's config, with this spout's `auto_offset_reset`.
+    pub fn registry_config(&self) -> RegistryConfig {
+        RegistryConfig { auto_offset_reset: self.auto_offset_reset, ..self.registry.clone() }
+    }
+
+    /// librdkafka's consumer configuration. Offsets live in ZooKeeper, so the broker never
+    /// sees a commit; a fetch offset out of the broker's range is reset by librdkafka with
+    /// the spout's `auto_offset_reset` (the spout notices, logs and counts it).
+    pub fn consumer_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        for (k, v) in &self.librdkafka {
+            c.set(k, v);
+        }
+        c.set("bootstrap.servers", &self.bootstrap_servers)
+            // librdkafka insists on a group id for a consumer; no group protocol is used (assign).
+            .set("group.id", format!("squall-{}", self.group_id))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set(
+                "auto.offset.reset",
+                if self.auto_offset_reset == OffsetReset::Smallest { "earliest" } else { "latest" },
+            )
+            .set("fetch.min.bytes", self.fetch_min_bytes.to_string())
+            .set("fetch.max.bytes", self.fetch_max_bytes.to_string())
+            .set("max.partition.fetch.bytes", self.max_partition_fetch_bytes.to_string());
+        c
+    }
+}
+
+/// The Kafka producer bolt's configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaBoltConfig {
+    /// `bootstrap.servers`.
+    pub bootstrap_servers: String,
+    /// The topic written to.
+    pub topic: String,
+    /// The field written as the record key; `null` for no key.
+    pub key_field: Option<String>,
+    /// The field written as the record value. storm-kafka-client's
+    /// `FieldNameBasedTupleToKafkaMapper` defaults: key field `key`, value field `message`;
+    /// here `value`, the spout's field name, so spout -> bolt works unconfigured.
+    pub value_field: String,
+    /// `acks`: librdkafka's default, `all`.
+    pub acks: String,
+    /// Squall's: the most writes awaiting the broker's answer before `execute` waits for one.
+    pub max_in_flight: u32,
+    /// Any other librdkafka producer property, passed through (e.g. `linger.ms`).
+    pub librdkafka: BTreeMap<String, String>,
+}
+
+impl Default for KafkaBoltConfig {
+    fn default() -> Self {
+        KafkaBoltConfig {
+            bootstrap_servers: "localhost:9092".into(),
+            topic: String::new(),
+            key_field: Some("key".into()),
+            value_field: "value".into(),
+            acks: "all".into(),
+            max_in_flight: 10_000,
+            librdkafka: BTreeMap::new(),
+        }
+    }
+}
+
+impl KafkaBoltConfig {
+    /// Checks the values once; the error names the key.
+    pub fn validate(&self) -> Result<()> {
+        if self.bootstrap_servers.trim().is_empty() {
+            return Err(invalid("bootstrap_servers", "must not be empty"));
+        }
+        cluster_state::ids::Topic::new(self.topic.clone()).map_err(|e| invalid("topic", e.to_string()))?;
+        if self.value_field.is_empty() {
+            return Err(invalid("value_field", "must not be empty"));
+        }
+        if self.max_in_flight == 0 {
+            return Err(invalid("max_in_flight", "must be greater than 0"));
+        }
+        if let Some(key) =
+            self.librdkafka.keys().find(|k| ["bootstrap.servers", "acks"].contains(&k.as_str()))
+        {
+            return Err(invalid(&format!("librdkafka.{key}"), "is set by the bolt; use the bolt's own key"));
+        }
+        Ok(())
+    }
+
+    /// librdkafka's producer configuration.
+    pub fn producer_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        for (k, v) in &self.librdkafka {
+            c.set(k, v);
+        }
+        c.set("bootstrap.servers", &self.bootstrap_servers).set("acks", &self.acks);
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn parses_yaml_params_with_defaults_and_rejects_unknown_keys() {
+        let config: KafkaSpoutConfig = serde_yaml_ng::from_str(
+            "bootstrap_servers: 127.0.0.1:9092\ntopics: [clicks]\ngroup_id: g\nauto_offset_reset: smallest\n\
+             librdkafka: {fetch.wait.max.ms: '10'}\nregistry: {rebalance_backoff_ms: 100}\n",
+        )
+        .unwrap();
+        assert_eq!(config.offsets_commit_interval_ms, 2000);
+        assert_eq!(config.registry_config().auto_offset_reset, OffsetReset::Smallest);
+        assert_eq!(config.registry.rebalance_backoff_ms, 100);
+        config.validate().unwrap();
+        assert_eq!(config.consumer_config().get("fetch.wait.max.ms"), Some("10"));
+        assert_eq!(config.consumer_config().get("auto.offset.reset"), Some("earliest"));
+        let err = serde_yaml_ng::from_str::<KafkaSpoutConfig>("topic: x\n").unwrap_err();
+        assert!(err.to_string().contains("topic"), "{err}");
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let base = KafkaSpoutConfig { topics: vec!["t".into()], group_id: "g".into(), ..Default::default() };
+        base.validate().unwrap();
+        let key = |c: KafkaSpoutConfig| match c.validate() {
+            Err(Error::InvalidConfig { key, .. }) => key,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(key(KafkaSpoutConfig { topics: vec![], ..base.clone() }), "topics");
+        assert_eq!(key(KafkaSpoutConfig { group_id: "a/b".into(), ..base.clone() }), "group_id");
+        assert_eq!(
+            key(KafkaSpoutConfig { offsets_commit_interval_ms: 0, ..base.clone() }),
+            "offsets_commit_interval_ms"
+        );
+        let mut owned = base.clone();
+        owned.librdkafka.insert("enable.auto.commit".into(), "true".into());
+        assert_eq!(key(owned), "librdkafka.enable.auto.commit");
+        let mut bogus = base.clone();
+        bogus.librdkafka.insert("no.such.property".into(), "1".into());
+        assert_eq!(key(bogus), "librdkafka");
+        assert!(matches!(
+            KafkaSpoutConfig { topics: vec!["bad topic".into()], ..base }.validate(),
+            Err(Error::InvalidId(_))
+        ));
+    }
+
+    #[test]
+    fn bolt_config_defaults_and_validation() {
+        let config: KafkaBoltConfig = serde_yaml_ng::from_str("topic: out\nkey_field: null\n").unwrap();
+        assert_eq!(config.value_field, "value");
+        assert_eq!(config.key_field, None);
+        config.validate().unwrap();
+        let err = KafkaBoltConfig::default().validate().unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig { ref key, .. } if key == "topic"), "{err}");
+    }
+}

@@ -1,0 +1,134 @@
+//! Prometheus metrics of the Kafka spouts and producer bolts of a process, registered once on
+//! the caller's registry and shared by every task. Labels: component, topic, partition.
+
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+
+/// The spout's metric families.
+#[derive(Debug, Clone)]
+pub struct SpoutMetrics {
+    pub(crate) emitted: IntCounterVec,
+    pub(crate) acked: IntCounterVec,
+    pub(crate) failed: IntCounterVec,
+    pub(crate) replayed: IntCounterVec,
+    pub(crate) given_up: IntCounterVec,
+    pub(crate) stale_acks: IntCounterVec,
+    pub(crate) out_of_range: IntCounterVec,
+    pub(crate) committed_offset: IntGaugeVec,
+    pub(crate) log_end_offset: IntGaugeVec,
+    pub(crate) lag: IntGaugeVec,
+    pub(crate) paused: IntGaugeVec,
+}
+
+/// The producer bolt's metric families.
+#[derive(Debug, Clone)]
+pub struct BoltMetrics {
+    pub(crate) written: IntCounterVec,
+    pub(crate) write_errors: IntCounterVec,
+}
+
+const TP: &[&str] = &["component", "topic", "partition"];
+
+fn counter(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::Result<IntCounterVec> {
+    let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntGaugeVec> {
+    let g = IntGaugeVec::new(Opts::new(name, help), TP)?;
+    registry.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+impl SpoutMetrics {
+    /// Creates the families and registers them on `registry` (once per registry).
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        Ok(SpoutMetrics {
+            emitted: counter(
+                registry,
+                "squall_spout_emitted_total",
+                "Kafka messages emitted as new tuples",
+                TP,
+            )?,
+            acked: counter(
+                registry,
+                "squall_spout_acked_total",
+                "Kafka spout tuples whose tree completed",
+                TP,
+            )?,
+            failed: counter(
+                registry,
+                "squall_spout_failed_total",
+                "Kafka spout tuples that failed or timed out",
+                TP,
+            )?,
+            replayed: counter(
+                registry,
+                "squall_spout_replayed_total",
+                "Failed Kafka messages emitted again",
+                TP,
+            )?,
+            given_up: counter(
+                registry,
+                "squall_spout_given_up_total",
+                "Failed Kafka messages dropped after the last retry",
+                TP,
+            )?,
+            stale_acks: counter(
+                registry,
+                "squall_spout_stale_acks_total",
+                "Acks and fails for partitions no longer owned or messages not outstanding (ignored)",
+                &["component"],
+            )?,
+            out_of_range: counter(
+                registry,
+                "squall_spout_offset_out_of_range_total",
+                "Offsets out of the broker's range, reset by auto.offset.reset",
+                TP,
+            )?,
+            committed_offset: gauge(
+                registry,
+                "squall_spout_committed_offset",
+                "The offset last committed to ZooKeeper (next to consume)",
+            )?,
+            log_end_offset: gauge(registry, "squall_spout_log_end_offset", "The partition's high watermark")?,
+            lag: gauge(registry, "squall_spout_lag", "Log-end offset minus committed offset")?,
+            paused: {
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        "squall_spout_paused",
+                        "1 while the task's ZooKeeper session is disconnected and it emits nothing",
+                    ),
+                    &["component", "task"],
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
+        })
+    }
+}
+
+impl BoltMetrics {
+    /// Creates the families and registers them on `registry` (once per registry).
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        Ok(BoltMetrics {
+            written: counter(
+                registry,
+                "squall_kafka_bolt_written_total",
+                "Tuples written to Kafka and acknowledged by the broker",
+                &["component", "topic"],
+            )?,
+            write_errors: counter(
+                registry,
+                "squall_kafka_bolt_write_errors_total",
+                "Writes the broker refused or that timed out (the input tuple is failed)",
+                &["component", "topic"],
+            )?,
+        })
+    }
+}

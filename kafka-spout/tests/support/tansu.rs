@@ -1,0 +1,132 @@
+//! A real Kafka-protocol broker for end-to-end tests: tansu 0.6 with its memory engine, on a
+//! free loopback port, killed on drop and (through `setpriv --pdeathsig KILL`) with the thread
+//! that started it, so it never outlives the test.
+//!
+//! The binary: `$SQUALL_TANSU`, else `tansu` on `PATH` (CI: `cargo install tansu --version
+//! 0.6.0 --locked --features dynostore`, into `~/.cargo/bin`).
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+/// A running tansu broker.
+pub struct Tansu {
+    child: Child,
+    binary: PathBuf,
+    port: u16,
+    log: tempfile::NamedTempFile,
+}
+
+/// The tansu binary to run.
+pub fn binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("SQUALL_TANSU") {
+        return PathBuf::from(path);
+    }
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).map(|d| d.join("tansu")).find(|f| f.is_file()))
+        .unwrap_or_default();
+    on_path.unwrap_or_else(|| {
+        panic!(
+            "tansu is not installed: set SQUALL_TANSU to its path or put it on PATH \
+             (cargo install tansu --version 0.6.0 --locked --features dynostore)"
+        )
+    })
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Tansu {
+    /// Starts a broker and returns once it answers metadata requests.
+    pub fn start() -> Tansu {
+        let binary = binary();
+        let port = free_port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let child = Command::new("setpriv")
+            .args(["--pdeathsig", "KILL", "--"])
+            .arg(&binary)
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdin(Stdio::null())
+            .stdout(log.reopen().unwrap())
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let mut tansu = Tansu { child, binary, port, log };
+        tansu.wait_serving();
+        tansu
+    }
+
+    fn wait_serving(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("tansu exited with {status}: {}", self.log_tail());
+            }
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                let consumer: BaseConsumer =
+                    ClientConfig::new().set("bootstrap.servers", self.bootstrap()).create().unwrap();
+                if consumer.fetch_metadata(None, Duration::from_secs(2)).is_ok() {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "tansu did not serve within 30 s: {}", self.log_tail());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Creates `topic` with `partitions` partitions (and a retention config, which tansu
+    /// reports only when given at creation).
+    pub fn create_topic(&self, topic: &str, partitions: i32) {
+        let output = Command::new(&self.binary)
+            .args(["topic", "create", topic, "--partitions", &partitions.to_string()])
+            .args(["--broker", &format!("tcp://127.0.0.1:{}", self.port)])
+            .args(["--config", "retention.ms=86400000"])
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "tansu topic create {topic}: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        // Wait until the metadata shows every partition.
+        let consumer: BaseConsumer =
+            ClientConfig::new().set("bootstrap.servers", self.bootstrap()).create().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(m) = consumer.fetch_metadata(Some(topic), Duration::from_secs(2))
+                && m.topics()
+                    .first()
+                    .is_some_and(|t| t.error().is_none() && t.partitions().len() == partitions as usize)
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "topic {topic} did not appear");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.log.path()).unwrap_or_default();
+        text.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+}
+
+impl Drop for Tansu {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
