@@ -8,6 +8,12 @@
 mod daemons;
 mod local;
 
+/// Tuples are allocated on one executor thread and freed on another; mimalloc handles that far
+/// better than glibc malloc (worker benchmark: +20-40% throughput). Users' own worker binaries
+/// should do the same.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

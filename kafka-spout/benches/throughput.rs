@@ -13,6 +13,10 @@
 #[path = "../tests/support/tansu.rs"]
 mod tansu;
 
+// As in the `squall` binary (see there): mimalloc, not glibc malloc.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
