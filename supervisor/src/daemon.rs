@@ -272,7 +272,15 @@ pub async fn run(
                 Ok(assignments) => round(&supervisor_id, &assignments, &slots, &code, &mut process).await,
                 Err(e) => tracing::warn!(error = %e, "cannot read assignments; retrying"),
             }
-            let _ = ports_tx.send(process.used_ports());
+            // Only a real change wakes the registration (which then rewrites its znode).
+            let ports = process.used_ports();
+            ports_tx.send_if_modified(|current| {
+                let changed = *current != ports;
+                if changed {
+                    *current = ports;
+                }
+                changed
+            });
         }
         let wait = async {
             match changed {

@@ -150,7 +150,8 @@ impl ProcessTask {
             .iter()
             .map(|(worker_id, record)| {
                 let path = LocalWorkerHeartbeat::path(&self.local_dir, worker_id);
-                let beat = if self.launcher.is_running(record.pid) {
+                let alive = self.launcher.is_running(record.pid);
+                let beat = if alive {
                     std::fs::read(&path).ok().and_then(|bytes| {
                         LocalWorkerHeartbeat::decode(&path.display().to_string(), &bytes)
                             .map_err(|e| tracing::warn!(error = %e, "unreadable worker heartbeat"))
@@ -163,11 +164,7 @@ impl ProcessTask {
                     worker_id: worker_id.clone(),
                     port: record.port,
                     // A dead process counts as launched long ago: it is timed out at once.
-                    launched_at_secs: if self.launcher.is_running(record.pid) {
-                        record.launched_at_secs
-                    } else {
-                        0
-                    },
+                    launched_at_secs: if alive { record.launched_at_secs } else { 0 },
                     beat: beat.map(|b| LocalBeat {
                         topology_id: b.topology_id,
                         executors: b.executors.into_iter().collect(),
