@@ -14,9 +14,6 @@ use std::time::Duration;
 
 use cluster_state::coord::Ensemble;
 use kafka_spout::{BoltMetrics, KafkaBolt, KafkaBoltConfig, KafkaSpout, KafkaSpoutConfig, SpoutEnv};
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
 use support::tansu::Tansu;
 use support::{Zk, produce, wait_until};
 use test_harness::ZkServer;
@@ -118,37 +115,10 @@ impl Pipeline {
     }
 }
 
-/// Every record of `topic` as (key, number), once `expect` distinct numbers are there.
+/// Every record of `topic` as (key, number), once `expect` distinct numbers are there, then
+/// what else is already written.
 fn read_output(bootstrap: &str, topic: &str, partitions: i32, expect: usize) -> Vec<(String, u64)> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "reader")
-        .set("fetch.wait.max.ms", "10")
-        .create()
-        .unwrap();
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning).unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
-    let mut out = Vec::new();
-    let mut distinct = BTreeSet::new();
-    let deadline = std::time::Instant::now() + WAIT;
-    // Read until all are there, then drain what else is already written.
-    let mut idle_after_complete = 0;
-    while std::time::Instant::now() < deadline && idle_after_complete < 10 {
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => {
-                let key = String::from_utf8(m.key().unwrap_or_default().to_vec()).unwrap();
-                let n: u64 = std::str::from_utf8(m.payload().unwrap()).unwrap().parse().unwrap();
-                distinct.insert(n);
-                out.push((key, n));
-            }
-            _ if distinct.len() >= expect => idle_after_complete += 1,
-            _ => {}
-        }
-    }
-    out
+    support::read_records(bootstrap, topic, partitions, expect, WAIT, 10)
 }
 
 /// Numbers of `0..n` missing from `got`, as (partition, offset) for `partitions`, at most 40.

@@ -89,10 +89,25 @@ pub fn read_numbers(
     expect: usize,
     within: Duration,
 ) -> Vec<u64> {
+    read_records(bootstrap, topic, partitions, expect, within, 0).into_iter().map(|(_, n)| n).collect()
+}
+
+/// Every record of `topic` (all partitions from the start) as (key, number), once `expect`
+/// distinct numbers are there (then `drain_idle_polls` more empty polls, to catch what else is
+/// already written) or `within` passes.
+pub fn read_records(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    expect: usize,
+    within: Duration,
+    drain_idle_polls: u32,
+) -> Vec<(String, u64)> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "test-reader")
         .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "10")
         .create()
         .unwrap();
     let mut tpl = rdkafka::TopicPartitionList::new();
@@ -103,11 +118,18 @@ pub fn read_numbers(
     let mut out = Vec::new();
     let mut distinct = std::collections::BTreeSet::new();
     let deadline = Instant::now() + within;
-    while distinct.len() < expect && Instant::now() < deadline {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-            let n: u64 = std::str::from_utf8(m.payload().unwrap()).unwrap().parse().unwrap();
-            distinct.insert(n);
-            out.push(n);
+    let mut idle_after_complete = 0;
+    while Instant::now() < deadline && !(distinct.len() >= expect && idle_after_complete >= drain_idle_polls)
+    {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                let key = String::from_utf8(m.key().unwrap_or_default().to_vec()).unwrap();
+                let n: u64 = std::str::from_utf8(m.payload().unwrap()).unwrap().parse().unwrap();
+                distinct.insert(n);
+                out.push((key, n));
+            }
+            _ if distinct.len() >= expect => idle_after_complete += 1,
+            _ => {}
         }
     }
     out
