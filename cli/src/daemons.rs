@@ -1,34 +1,43 @@
-//! `squall nimbus` and `squall supervisor`: the long-running daemons, configured by a YAML file
-//! with Storm's key names (missing keys take Storm's defaults; unknown keys are errors naming
-//! them), stopped gracefully by SIGTERM or Ctrl-C.
+//! `squall nimbus` and `squall supervisor`: the long-running daemons, configured by the cluster
+//! config file ([`crate::config`]: Storm's key names, missing keys take Storm's defaults, unknown
+//! keys are errors naming them), stopped gracefully by SIGTERM or Ctrl-C.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use cluster_state::coord::Ensemble;
-use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
+
+use crate::config::ClusterConfig;
 
 /// Where the daemon finds its settings and ZooKeeper.
 #[derive(Debug, clap::Args)]
 pub struct DaemonArgs {
-    /// Config file (YAML, Storm's key names, e.g. `supervisor.slots.ports: [6700, 6701]`).
+    /// Cluster config file (YAML, Storm's key names, e.g. `supervisor.slots.ports: [6700, 6701]`).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// ZooKeeper connect string, `host:port[,host:port...][/chroot]`.
-    #[arg(long, default_value = "127.0.0.1:2181")]
-    pub zookeeper: String,
+    /// ZooKeeper connect string, `host:port[,host:port...][/chroot]`; overrides the config's
+    /// `storm.zookeeper.servers` / `storm.zookeeper.port` (default 127.0.0.1:2181).
+    #[arg(long)]
+    pub zookeeper: Option<String>,
+    /// Overrides a key of the config file, `KEY=VALUE` (Storm's `-c`; repeatable).
+    #[arg(short = 'c', value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
 }
 
-/// Reads a config file; a missing `--config` means all defaults.
-fn load<T: DeserializeOwned + Default>(path: Option<&Path>) -> Result<T, String> {
-    let Some(path) = path else { return Ok(T::default()) };
-    let text =
-        std::fs::read_to_string(path).map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
-    if text.trim().is_empty() {
-        return Ok(T::default());
+impl DaemonArgs {
+    /// The config file and the ZooKeeper connect string.
+    fn load(&self) -> Result<(ClusterConfig, String), String> {
+        let mut config = ClusterConfig::load(self.config.as_deref())?;
+        for assignment in &self.set {
+            config.set(assignment)?;
+        }
+        let zookeeper = match &self.zookeeper {
+            Some(z) => z.clone(),
+            None => config.zookeeper()?.unwrap_or_else(|| "127.0.0.1:2181".to_owned()),
+        };
+        Ok((config, zookeeper))
     }
-    serde_yaml_ng::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
@@ -56,15 +65,16 @@ fn stop_on_signal(token: CancellationToken) {
 
 /// `squall supervisor`.
 pub fn supervisor(args: DaemonArgs) -> Result<(), String> {
-    let config: supervisor::daemon::SupervisorConfig = load(args.config.as_deref())?;
+    let (file, zookeeper) = args.load()?;
+    let config = file.supervisor()?;
     config.validate().map_err(|e| e.to_string())?;
     let squall = std::env::current_exe().map_err(|e| format!("cannot find the squall executable: {e}"))?;
-    let launch = supervisor::daemon::WorkerLaunch { squall, zookeeper: args.zookeeper.clone() };
+    let launch = supervisor::daemon::WorkerLaunch { squall, zookeeper: zookeeper.clone() };
     runtime()?.block_on(async {
         let shutdown = CancellationToken::new();
         stop_on_signal(shutdown.clone());
         let launcher = Arc::new(supervisor::launch::ProcessLauncher::new());
-        supervisor::daemon::run(config, Ensemble::zookeeper(args.zookeeper), launcher, launch, shutdown)
+        supervisor::daemon::run(config, Ensemble::zookeeper(zookeeper), launcher, launch, shutdown)
             .await
             .map_err(|e| e.to_string())
     })
@@ -72,12 +82,13 @@ pub fn supervisor(args: DaemonArgs) -> Result<(), String> {
 
 /// `squall nimbus`.
 pub fn nimbus(args: DaemonArgs) -> Result<(), String> {
-    let config: nimbus::NimbusConfig = load(args.config.as_deref())?;
+    let (file, zookeeper) = args.load()?;
+    let config = file.nimbus()?;
     runtime()?.block_on(async {
         let shutdown = CancellationToken::new();
         stop_on_signal(shutdown.clone());
         let registry = prometheus::Registry::new();
-        nimbus::run(config, Ensemble::zookeeper(args.zookeeper), &registry, shutdown)
+        nimbus::run(config, Ensemble::zookeeper(zookeeper), &registry, shutdown)
             .await
             .map_err(|e| e.to_string())
     })

@@ -1,12 +1,14 @@
 //! `squall`: the one user-facing command, in Storm's shape.
 //!
-//! Verbs so far: `local` (run a topology in this process), `nimbus` and `supervisor` (the
-//! daemons) and `worker` (what a supervisor launches for one slot). The others arrive with the
-//! issues that build what they drive: `submit`, `kill`, `activate`, `deactivate`, `rebalance`,
-//! `list`, `errors` and `offsets`.
+//! Verbs: `local` (run a topology in this process), `nimbus` and `supervisor` (the daemons),
+//! `worker` (what a supervisor launches for one slot), and the operator verbs over nimbus's API
+//! ([`ops`]): `submit`, `list`, `kill`, `activate`, `deactivate`, `rebalance`, `errors`.
 
+mod client;
+mod config;
 mod daemons;
 mod local;
+mod ops;
 
 /// Tuples are allocated on one executor thread and freed on another; mimalloc handles that far
 /// better than glibc malloc (worker benchmark: +20-40% throughput). Users' own worker binaries
@@ -36,6 +38,20 @@ enum Command {
     Supervisor(daemons::DaemonArgs),
     /// Run one worker of a topology on one slot (launched by the supervisor).
     Worker(worker::cli::WorkerCommand),
+    /// Check a topology file, upload it (and a worker binary) to nimbus and start it.
+    Submit(ops::SubmitCommand),
+    /// List the running topologies.
+    List(ops::ClientArgs),
+    /// Deactivate a topology's spouts, wait, then remove the topology.
+    Kill(ops::KillCommand),
+    /// Let a topology's spouts emit.
+    Activate(ops::NameCommand),
+    /// Pause a topology's spouts.
+    Deactivate(ops::NameCommand),
+    /// Move a topology's executors, optionally to a new worker count or parallelism.
+    Rebalance(ops::RebalanceCommand),
+    /// Show the errors a topology's components reported, newest first.
+    Errors(ops::NameCommand),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +70,13 @@ fn main() -> ExitCode {
             "worker",
             components().and_then(|c| worker::cli::execute(cmd, &c).map_err(|e| e.to_string())),
         ),
+        Some(Command::Submit(cmd)) => report("submit", components().and_then(|c| ops::submit(cmd, &c))),
+        Some(Command::List(args)) => report("list", ops::list(args)),
+        Some(Command::Kill(cmd)) => report("kill", ops::kill(cmd)),
+        Some(Command::Activate(cmd)) => report("activate", ops::set_active(cmd, true)),
+        Some(Command::Deactivate(cmd)) => report("deactivate", ops::set_active(cmd, false)),
+        Some(Command::Rebalance(cmd)) => report("rebalance", ops::rebalance(cmd)),
+        Some(Command::Errors(cmd)) => report("errors", ops::errors(cmd)),
         None => ExitCode::SUCCESS,
     }
 }

@@ -111,9 +111,7 @@ async fn supervisor_runs_workers_and_replaces_a_killed_one() {
     let (nimbus_ensemble, nimbus_stop) = (ensemble.clone(), stop.clone());
     tokio::spawn(async move {
         let registry = prometheus::Registry::new();
-        let rescheduler = Arc::new(nimbus::transitions::NoTopologyDefinition);
-        let _ = nimbus::serve(nimbus_config, listener, nimbus_ensemble, &registry, rescheduler, nimbus_stop)
-            .await;
+        let _ = nimbus::serve(nimbus_config, listener, nimbus_ensemble, &registry, nimbus_stop).await;
     });
 
     // The supervisor, offering two ports.

@@ -65,6 +65,28 @@ impl TaskLayout {
         layout
     }
 
+    /// The same tasks, split into `executors` instead (an assignment's executors, which follow a
+    /// rebalance's `-e comp=N` while the topology file keeps its own parallelism). Every
+    /// executor must cover tasks of one component; the first that does not is returned.
+    pub fn with_executors(
+        &self,
+        executors: impl IntoIterator<Item = ExecutorId>,
+    ) -> Result<TaskLayout, ExecutorId> {
+        let mut out = TaskLayout {
+            task_component: self.task_component.clone(),
+            component_tasks: self.component_tasks.clone(),
+            executors: BTreeMap::new(),
+        };
+        for executor in executors {
+            let component = self.task_component.get(&executor.start_task()).ok_or(executor)?;
+            if executor.tasks().any(|t| self.task_component.get(&t) != Some(component)) {
+                return Err(executor);
+            }
+            out.executors.insert(executor, component.clone());
+        }
+        Ok(out)
+    }
+
     /// The highest task id (0 for an empty topology).
     pub fn max_task(&self) -> u32 {
         self.task_component.keys().next_back().map_or(0, |t| t.0)
@@ -130,5 +152,16 @@ mod tests {
             ]
         );
         assert_eq!(layout.max_task(), 9);
+    }
+
+    #[test]
+    fn executors_from_an_assignment_replace_the_files() {
+        let layout = TaskLayout::compute(&[(c("split"), 1, 4), (c("spout"), 1, 1)]);
+        let ex = |a: u32, b: u32| ExecutorId::new(TaskId(a), TaskId(b)).unwrap();
+        let split_in_two = layout.with_executors([ex(1, 2), ex(3, 4), ex(5, 5)]).unwrap();
+        assert_eq!(split_in_two.executors.len(), 3);
+        assert_eq!(split_in_two.executors[&ex(3, 4)].as_str(), "split");
+        assert_eq!(layout.with_executors([ex(4, 5)]).unwrap_err(), ex(4, 5));
+        assert_eq!(layout.with_executors([ex(6, 6)]).unwrap_err(), ex(6, 6));
     }
 }

@@ -12,6 +12,8 @@
 //!   versioned, documented, golden-tested, and decodes garbage to an error naming the path.
 //! - [`code`]: the files of a topology's code, by their fixed names.
 //! - [`layout`]: Storm's task ids and executors, computed the same way by nimbus and workers.
+//! - [`structure`]: a topology's name, workers and executor / task counts, read from its
+//!   Flux YAML without resolving classes (what nimbus schedules with).
 //! - [`coord`]: the coordination client every other crate uses, with two backends of the same
 //!   semantics: real ZooKeeper (`zookeeper-client`) and an in-memory ensemble for
 //!   `squall local` and fast tests. One conformance suite holds both to the same behaviour.
@@ -21,4 +23,5 @@ pub mod coord;
 pub mod ids;
 pub mod layout;
 pub mod paths;
+pub mod structure;
 pub mod znode;

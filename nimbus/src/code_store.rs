@@ -334,11 +334,34 @@ impl CodeStore {
         Ok(Upload { id, size: pending.size, sha256: actual })
     }
 
+    /// The contents of a finished upload, for nimbus to read (the topology file at submit);
+    /// refused with [`CodeStoreError::TooLarge`] above `max` bytes.
+    pub async fn read_finished(&self, id: UploadId, max: u64) -> Result<Vec<u8>> {
+        let slot = self.slot(id)?;
+        let guard = slot.lock().await;
+        match guard.as_ref() {
+            None => return Err(CodeStoreError::UnknownUpload { id }),
+            Some(Pending { stage: Stage::Receiving { .. }, .. }) => {
+                return Err(CodeStoreError::NotFinished { id });
+            }
+            Some(Pending { size, .. }) if *size > max => {
+                return Err(CodeStoreError::TooLarge { size: *size, max });
+            }
+            Some(_) => {}
+        }
+        let path = self.part_path(id);
+        tokio::fs::read(&path).await.map_err(io_at(&path))
+    }
+
     /// Moves a finished upload into `stormdist/<topology>/<file>` (one rename, so a reader sees
     /// the old file or the whole new one) and records its checksum beside it. Only
     /// `upload.id` is used: size and checksum are the ones the store verified itself.
     pub async fn install(&self, upload: &Upload, topology: &TopologyId, file: CodeFile) -> Result<PathBuf> {
-        let id = upload.id;
+        self.install_id(upload.id, topology, file).await
+    }
+
+    /// [`CodeStore::install`] by upload id (what a submit request names).
+    pub async fn install_id(&self, id: UploadId, topology: &TopologyId, file: CodeFile) -> Result<PathBuf> {
         let slot = self.slot(id)?;
         let mut guard = slot.lock().await;
         let sha256 = match guard.as_ref().map(|p| &p.stage) {

@@ -12,17 +12,19 @@ use std::time::Duration;
 
 use cluster_state::coord::{self, Ensemble, SessionOptions, SessionState};
 use cluster_state::paths::StormPaths;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::assigner::{Assigner, MonitorTimeouts};
 use crate::code_store::{CodeStore, CodeStoreError, CodeStoreLimits};
 use crate::http::{self, ApiConfig, ApiState};
+use crate::liveness::Timeouts;
 use crate::metrics::NimbusMetrics;
-use crate::transitions::{DeadlineTimers, NoTopologyDefinition, Rescheduler, Transitions, now_secs};
+use crate::transitions::{DeadlineTimers, Transitions, now_secs};
 
 /// Nimbus's settings, with Storm's key names where Storm has the setting.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NimbusConfig {
     /// Local state; nimbus keeps its code under `<dir>/nimbus` (Storm's layout).
@@ -34,9 +36,18 @@ pub struct NimbusConfig {
     pub zookeeper_session_timeout_ms: u64,
     #[serde(rename = "storm.zookeeper.connection.timeout")]
     pub zookeeper_connection_timeout_ms: u64,
-    /// How often stored transitions are re-read (and, with submit, heartbeats checked).
+    /// How often heartbeats are checked, assignments recomputed and stored transitions re-read.
     #[serde(rename = "nimbus.monitor.freq.secs")]
     pub monitor_freq_secs: u64,
+    /// An executor whose heartbeat has not changed for this long is reassigned.
+    #[serde(rename = "nimbus.task.timeout.secs")]
+    pub task_timeout_secs: u64,
+    /// An executor assigned less than this long ago counts as alive (its worker is starting).
+    #[serde(rename = "nimbus.task.launch.secs")]
+    pub task_launch_secs: u64,
+    /// A supervisor whose heartbeat has not changed for this long is dead: its executors move.
+    #[serde(rename = "nimbus.supervisor.timeout.secs")]
+    pub supervisor_timeout_secs: u64,
     /// Uploads idle this long are discarded.
     #[serde(rename = "nimbus.file.copy.expiration.secs")]
     pub file_copy_expiration_secs: u64,
@@ -67,6 +78,11 @@ impl Default for NimbusConfig {
             zookeeper_connection_timeout_ms: 15_000,
             // Storm's defaults.yaml: `nimbus.monitor.freq.secs: 10`.
             monitor_freq_secs: 10,
+            // Storm's defaults.yaml: `nimbus.task.timeout.secs: 30`, `nimbus.task.launch.secs:
+            // 120`, `nimbus.supervisor.timeout.secs: 60`.
+            task_timeout_secs: 30,
+            task_launch_secs: 120,
+            supervisor_timeout_secs: 60,
             // Storm's defaults.yaml: `nimbus.file.copy.expiration.secs: 600`.
             file_copy_expiration_secs: 600,
             http_host: "0.0.0.0".to_owned(),
@@ -87,6 +103,8 @@ impl NimbusConfig {
             ("storm.zookeeper.session.timeout", self.zookeeper_session_timeout_ms),
             ("storm.zookeeper.connection.timeout", self.zookeeper_connection_timeout_ms),
             ("nimbus.monitor.freq.secs", self.monitor_freq_secs),
+            ("nimbus.task.timeout.secs", self.task_timeout_secs),
+            ("nimbus.supervisor.timeout.secs", self.supervisor_timeout_secs),
             ("nimbus.file.copy.expiration.secs", self.file_copy_expiration_secs),
             ("nimbus.code.max.upload.bytes", self.max_upload_bytes),
         ];
@@ -141,18 +159,16 @@ pub async fn run(
     let listener = TcpListener::bind(&address)
         .await
         .map_err(|source| NimbusError::Bind { address: address.clone(), source })?;
-    serve(config, listener, ensemble, registry, Arc::new(NoTopologyDefinition), shutdown).await
+    serve(config, listener, ensemble, registry, shutdown).await
 }
 
 /// Runs nimbus on an already bound `listener` (tests and `squall local` bind port 0 and read
-/// the address first). `rescheduler` is the hook submit fills; see
-/// [`crate::transitions::Rescheduler`].
+/// the address first).
 pub async fn serve(
     config: NimbusConfig,
     listener: TcpListener,
     ensemble: Ensemble,
     registry: &prometheus::Registry,
-    rescheduler: Arc<dyn Rescheduler>,
     shutdown: CancellationToken,
 ) -> Result<(), NimbusError> {
     let paths = config.validate()?;
@@ -169,11 +185,22 @@ pub async fn serve(
         ..Default::default()
     };
     let code = CodeStore::open(config.nimbus_dir(), limits).await?;
-    let transitions = Arc::new(Transitions::new(session.clone(), paths, code.clone(), rescheduler, metrics));
+    let timeouts = MonitorTimeouts {
+        tasks: Timeouts {
+            task_timeout_secs: config.task_timeout_secs,
+            task_launch_secs: config.task_launch_secs,
+        },
+        supervisor_timeout_secs: config.supervisor_timeout_secs,
+    };
+    let assigner =
+        Arc::new(Assigner::new(session.clone(), paths.clone(), code.clone(), timeouts, metrics.clone()));
+    let transitions =
+        Arc::new(Transitions::new(session.clone(), paths, code.clone(), assigner.clone(), metrics));
     let monitor_freq = Duration::from_secs(config.monitor_freq_secs);
     let (timers, timer_handle) = DeadlineTimers::new(transitions.clone(), monitor_freq);
     let api = Arc::new(ApiState {
-        transitions,
+        transitions: transitions.clone(),
+        assigner: assigner.clone(),
         timers: timer_handle,
         config: ApiConfig { token: config.http_token.clone(), ..Default::default() },
         nimbus_start_secs: now_secs(),
@@ -187,6 +214,7 @@ pub async fn serve(
     tasks.spawn(timers.run(children.clone()));
     tasks.spawn(http::run(listener, api, children.clone()));
     tasks.spawn(expire_uploads(code, monitor_freq, children.clone()));
+    tasks.spawn(monitor(assigner, transitions, monitor_freq, children.clone()));
 
     let mut states = session.state_changes();
     let ended = tokio::select! {
@@ -210,6 +238,28 @@ pub async fn serve(
     match ended {
         Some(state) => Err(NimbusError::SessionEnded { state }),
         None => Ok(()),
+    }
+}
+
+/// Storm's monitor: every `every`, reassigns what died and removes what is left of removed
+/// topologies. Failures are logged and retried at the next tick.
+async fn monitor(
+    assigner: Arc<Assigner>,
+    transitions: Arc<Transitions>,
+    every: Duration,
+    cancel: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = assigner.monitor_pass().await {
+            tracing::warn!("monitor pass failed, retrying at the next one: {e}");
+        }
+        assigner.cleanup_orphans(&transitions).await;
     }
 }
 

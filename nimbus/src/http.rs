@@ -7,6 +7,8 @@
 //! GET  /api/v1/topology/:id                       summary + base record settings
 //! GET  /api/v1/topology/:id/errors                {"id":..,"errors":[...]} newest first
 //! GET  /api/v1/topology/:id/code/:file            the code file; sha256 in X-Checksum-Sha256
+//! POST /api/v1/topology/submit                   {"topologyUpload":..,"workerUpload":..,
+//!                                                  "inactive":false,"owner":".."} -> 201 {"id":..}
 //! POST /api/v1/topology/:id/activate | deactivate
 //! POST /api/v1/topology/:id/kill/:wait-time
 //! POST /api/v1/topology/:id/rebalance/:wait-time  {"numWorkers":N,"executors":{"comp":N}}
@@ -43,10 +45,11 @@ use tokio_util::io::ReaderStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::assigner::{Assigner, SubmitError, SubmitRequest};
 use crate::code_store::{CodeFile, CodeStoreError, UploadId, parse_code_file};
 use crate::lifecycle::{Event, LifecycleError};
 use crate::state;
-use crate::transitions::{Applied, RescheduleError, TimerHandle, TransitionError, Transitions, now_secs};
+use crate::transitions::{Applied, TimerHandle, TransitionError, Transitions, now_secs};
 
 /// The header carrying a code file's SHA-256 (lowercase hex) on download.
 pub const CHECKSUM_HEADER: &str = "x-checksum-sha256";
@@ -84,6 +87,7 @@ impl Default for ApiConfig {
 #[derive(Debug)]
 pub struct ApiState {
     pub transitions: Arc<Transitions>,
+    pub assigner: Arc<Assigner>,
     pub timers: TimerHandle,
     pub config: ApiConfig,
     /// When this nimbus started, epoch seconds.
@@ -205,12 +209,20 @@ impl From<TransitionError> for ApiError {
             TransitionError::Lifecycle(LifecycleError::NoTransition { .. })
             | TransitionError::Contended { .. } => StatusCode::CONFLICT,
             TransitionError::Lifecycle(_) => StatusCode::BAD_REQUEST,
-            TransitionError::Reschedule { source: RescheduleError::NeedsTopologyDefinition, .. } => {
-                StatusCode::NOT_IMPLEMENTED
-            }
             TransitionError::Reschedule { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, e.to_string())
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        match e {
+            SubmitError::Code(c) => ApiError::from(c),
+            SubmitError::Coord(c) => ApiError::from(c),
+            SubmitError::NotText | SubmitError::Structure(_) => ApiError::bad_request(e.to_string()),
+            SubmitError::NameTaken { .. } => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+        }
     }
 }
 
@@ -258,6 +270,7 @@ enum Route {
     ClusterSummary,
     SupervisorSummary,
     TopologySummary,
+    Submit,
     Topology(String),
     Errors(String),
     Code(String, String),
@@ -279,6 +292,8 @@ impl Route {
             ["cluster", "summary"] => Route::ClusterSummary,
             ["supervisor", "summary"] => Route::SupervisorSummary,
             ["topology", "summary"] => Route::TopologySummary,
+            // Not a topology id (those are `name-counter-secs`), so no id is shadowed.
+            ["topology", "submit"] => Route::Submit,
             ["topology", _] => Route::Topology(s(1)),
             ["topology", _, "errors"] => Route::Errors(s(1)),
             ["topology", _, "code", _] => Route::Code(s(1), s(3)),
@@ -382,6 +397,44 @@ async fn route(state: &ApiState, request: Request<Incoming>) -> Result<Response<
                 headers.insert(CHECKSUM_HEADER, sum);
             }
             Ok(response)
+        }
+        Route::Submit => {
+            let body = read_body(request, state.config.max_json_body_bytes).await?;
+            let value = json_object(&body)?;
+            let upload = |field: &str| -> Result<Option<UploadId>, ApiError> {
+                match value.get(field) {
+                    None | Some(Value::Null) => Ok(None),
+                    Some(Value::String(s)) => Ok(Some(s.parse()?)),
+                    Some(_) => Err(ApiError::bad_request(format!(
+                        "field {field:?}: an upload id string is required"
+                    ))),
+                }
+            };
+            let topology = upload("topologyUpload")?.ok_or_else(|| {
+                ApiError::bad_request("field \"topologyUpload\": the topology file's upload id is required")
+            })?;
+            let inactive = match value.get("inactive") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(ApiError::bad_request("field \"inactive\": true or false is required"));
+                }
+            };
+            let owner = match value.get("owner") {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(s)) if s.len() <= 256 && !s.chars().any(char::is_control) => s.clone(),
+                Some(_) => {
+                    return Err(ApiError::bad_request(
+                        "field \"owner\": a user name (at most 256 characters, no control characters) is required",
+                    ));
+                }
+            };
+            let request = SubmitRequest { topology, worker_binary: upload("workerUpload")?, inactive, owner };
+            let (id, base) = state.assigner.submit(request).await?;
+            Ok(json_response(
+                StatusCode::CREATED,
+                &json!({"id": id.as_str(), "name": base.name.as_str(), "status": base.status.as_str(), "workers": base.num_workers}),
+            ))
         }
         Route::Activate(id) => operate(state, &id, "activate", Event::Activate).await,
         Route::Deactivate(id) => operate(state, &id, "deactivate", Event::Deactivate).await,

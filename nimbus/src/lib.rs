@@ -26,6 +26,7 @@
 //! Not here yet (needs the topology definition from `worker`): submit, the monitor loop that
 //! reassigns dead executors, and a `Rescheduler` that computes assignments.
 
+pub mod assigner;
 pub mod code_store;
 pub mod daemon;
 pub mod http;

@@ -37,40 +37,41 @@ struct Seen {
     changed_at_secs: u64,
 }
 
-/// Nimbus's memory of heartbeats for one topology.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HeartbeatCache {
-    seen: BTreeMap<ExecutorId, Seen>,
+/// Nimbus's memory of heartbeats: of one topology's executors, or (with `K` =
+/// `SupervisorId`) of the supervisors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatCache<K = ExecutorId> {
+    seen: BTreeMap<K, Seen>,
 }
 
-impl HeartbeatCache {
+impl<K> Default for HeartbeatCache<K> {
+    fn default() -> Self {
+        HeartbeatCache { seen: BTreeMap::new() }
+    }
+}
+
+impl<K: Ord + Clone> HeartbeatCache<K> {
     /// Records what the heartbeats say now: `reported` maps each executor that has a heartbeat to
     /// the time in it. Executors without a heartbeat keep their last report (so they time out).
-    pub fn observe(&mut self, reported: &BTreeMap<ExecutorId, u64>, now_secs: u64) {
+    pub fn observe(&mut self, reported: &BTreeMap<K, u64>, now_secs: u64) {
         for (executor, &reported_secs) in reported {
             match self.seen.get_mut(executor) {
                 Some(seen) if seen.reported_secs == reported_secs => {}
                 Some(seen) => *seen = Seen { reported_secs, changed_at_secs: now_secs },
                 None => {
-                    self.seen.insert(*executor, Seen { reported_secs, changed_at_secs: now_secs });
+                    self.seen.insert(executor.clone(), Seen { reported_secs, changed_at_secs: now_secs });
                 }
             }
         }
     }
 
     /// Forgets executors no longer assigned (after a reschedule or a rebalance).
-    pub fn retain(&mut self, keep: impl Fn(&ExecutorId) -> bool) {
+    pub fn retain(&mut self, keep: impl Fn(&K) -> bool) {
         self.seen.retain(|executor, _| keep(executor));
     }
 
     /// Whether `executor`, assigned at `start_secs` (nimbus time), is alive at `now_secs`.
-    pub fn is_alive(
-        &self,
-        executor: &ExecutorId,
-        start_secs: u64,
-        now_secs: u64,
-        timeouts: Timeouts,
-    ) -> bool {
+    pub fn is_alive(&self, executor: &K, start_secs: u64, now_secs: u64, timeouts: Timeouts) -> bool {
         if now_secs.saturating_sub(start_secs) < timeouts.task_launch_secs {
             return true;
         }

@@ -11,6 +11,10 @@ pub struct NimbusMetrics {
     pub http_responses: IntCounterVec,
     /// Lifecycle events applied, by event and result (`ok`, `refused`, `failed`).
     pub transitions: IntCounterVec,
+    /// Assignments written (first ones, reassignments and rebalances).
+    pub assignments_written: IntCounter,
+    /// Executors given a new slot (dead, on a supervisor gone, rebalanced, or new).
+    pub executors_reassigned: IntCounter,
 }
 
 impl NimbusMetrics {
@@ -19,6 +23,8 @@ impl NimbusMetrics {
         registry.register(Box::new(metrics.garbage_znodes.clone()))?;
         registry.register(Box::new(metrics.http_responses.clone()))?;
         registry.register(Box::new(metrics.transitions.clone()))?;
+        registry.register(Box::new(metrics.assignments_written.clone()))?;
+        registry.register(Box::new(metrics.executors_reassigned.clone()))?;
         Ok(metrics)
     }
 
@@ -37,6 +43,14 @@ impl NimbusMetrics {
                 Opts::new("squall_nimbus_transitions_total", "Topology lifecycle events applied by nimbus"),
                 &["event", "result"],
             )?,
+            assignments_written: IntCounter::with_opts(Opts::new(
+                "squall_nimbus_assignments_written_total",
+                "Assignments nimbus wrote to ZooKeeper",
+            ))?,
+            executors_reassigned: IntCounter::with_opts(Opts::new(
+                "squall_nimbus_executors_reassigned_total",
+                "Executors nimbus placed on a new slot",
+            ))?,
         })
     }
 

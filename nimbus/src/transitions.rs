@@ -12,9 +12,9 @@
 //! every `nimbus.monitor.freq.secs`, so a kill or rebalance survives a nimbus restart (which
 //! Storm's in-memory timer does not) and a missed arm is repaired at the next rescan.
 //!
-//! [`Outcome::Reschedule`] (a due rebalance) needs the topology's executors, which come from its
-//! definition at submit. That is the [`Rescheduler`] hook; until submit exists,
-//! [`NoTopologyDefinition`] refuses with an explicit error and the rebalance stays pending.
+//! [`Outcome::Reschedule`] (a due rebalance) needs the topology's executors and the cluster's
+//! slots: the [`Rescheduler`] hook, which [`crate::assigner::Assigner`] fills. A failed
+//! reschedule leaves the rebalance pending and the timer retries it.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -45,9 +45,6 @@ pub fn now_secs() -> u64 {
 /// Why rescheduling a topology failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RescheduleError {
-    /// No [`Rescheduler`] that knows topology definitions is plugged in yet.
-    #[error("rescheduling needs the topology definition (not yet implemented)")]
-    NeedsTopologyDefinition,
     /// Reading the cluster or writing the assignment failed.
     #[error(transparent)]
     Coord(#[from] coord::Error),
@@ -58,11 +55,11 @@ pub enum RescheduleError {
 
 /// Computes and writes a topology's new assignment when a rebalance falls due.
 ///
-/// The implementation that submit brings must: read the topology's definition (from the code
-/// store), derive its executors with the parallelism in `base.component_executors`, gather the
-/// live supervisors' slots and the slots other topologies use, run
-/// [`crate::scheduler::schedule`] with *no* alive executors (a rebalance moves everything) and
-/// `base.num_workers`, and write `/assignments/<id>`. [`Transitions::apply`] writes `base` to
+/// An implementation (see [`crate::assigner::Assigner`]) reads the topology's definition,
+/// derives its executors with the parallelism in `base.component_executors`, gathers the live
+/// supervisors' slots and the slots other topologies use, runs [`crate::scheduler::schedule`]
+/// with *no* alive executors (a rebalance moves everything) and `base.num_workers`, and writes
+/// `/assignments/<id>`. [`Transitions::apply`] writes `base` to
 /// `/storms/<id>` only after this returns `Ok`, so a failure leaves the rebalance pending and
 /// the timer retries it.
 #[async_trait::async_trait]
@@ -73,17 +70,6 @@ pub trait Rescheduler: Send + Sync + fmt::Debug {
         id: &TopologyId,
         base: &StormBase,
     ) -> Result<(), RescheduleError>;
-}
-
-/// The [`Rescheduler`] in place until submit exists: every reschedule fails, saying why.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoTopologyDefinition;
-
-#[async_trait::async_trait]
-impl Rescheduler for NoTopologyDefinition {
-    async fn reschedule(&self, _: &Session, _: &TopologyId, _: &StormBase) -> Result<(), RescheduleError> {
-        Err(RescheduleError::NeedsTopologyDefinition)
-    }
 }
 
 /// What applying a transition can fail with.

@@ -19,13 +19,12 @@ use cluster_state::znode::{
     Assignment, DelayedTransition, ErrorInfo, ExecutorAssignment, StormBase, SupervisorInfo, TopologyStatus,
     WorkerHeartbeat, ZnodeData,
 };
+use nimbus::assigner::{Assigner, MonitorTimeouts};
 use nimbus::code_store::{CodeFile, CodeStore, CodeStoreLimits, sha256_hex};
 use nimbus::http::{ApiConfig, ApiState, CHECKSUM_HEADER};
 use nimbus::lifecycle::Event;
 use nimbus::metrics::NimbusMetrics;
-use nimbus::transitions::{
-    DeadlineTimers, NoTopologyDefinition, RescheduleError, TransitionError, Transitions, now_secs,
-};
+use nimbus::transitions::{DeadlineTimers, Transitions, now_secs};
 use serde_json::{Value, json};
 use test_harness::ZkServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -66,16 +65,19 @@ impl Nimbus {
         let session = Arc::new(ensemble.connect(&SessionOptions::default()).await.unwrap());
         let code = CodeStore::open(dir, limits).await.unwrap();
         let metrics = NimbusMetrics::unregistered().unwrap();
-        let transitions = Arc::new(Transitions::new(
-            session,
-            StormPaths::default(),
-            code,
-            Arc::new(NoTopologyDefinition),
-            metrics,
+        let paths = StormPaths::default();
+        let assigner = Arc::new(Assigner::new(
+            session.clone(),
+            paths.clone(),
+            code.clone(),
+            MonitorTimeouts::default(),
+            metrics.clone(),
         ));
+        let transitions = Arc::new(Transitions::new(session, paths, code, assigner.clone(), metrics));
         let (timers, handle) = DeadlineTimers::new(transitions.clone(), rescan);
         let state = Arc::new(ApiState {
             transitions: transitions.clone(),
+            assigner,
             timers: handle,
             config,
             nimbus_start_secs: now_secs(),
@@ -244,8 +246,16 @@ async fn seed(session: &Session, code: &CodeStore) {
         .create(&paths.supervisor(&sup), &info.encode(), CreateMode::Ephemeral.with_parents())
         .await
         .unwrap();
-    install(code, b"name: wc\n", CodeFile::Topology).await;
+    install(code, TOPOLOGY_FILE.as_bytes(), CodeFile::Topology).await;
 }
+
+/// The seeded topology's file: tasks 1 (count), 2-3 (split), as the seeded assignment has them.
+const TOPOLOGY_FILE: &str = "name: wc
+config: {topology.workers: 2, topology.acker.executors: 0}
+bolts:
+  - {id: count, className: word-count}
+  - {id: split, className: split-sentence, parallelism: 2}
+";
 
 async fn install(code: &CodeStore, data: &[u8], file: CodeFile) {
     let upload = code.begin(data.len() as u64).await.unwrap();
@@ -584,7 +594,7 @@ async fn a_kill_fires_at_its_deadline_without_waiting_for_a_rescan() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_due_rebalance_says_it_needs_the_topology_definition() {
+async fn a_due_rebalance_reschedules_onto_the_new_worker_count() {
     let ensemble = Ensemble::in_memory();
     let dir = tempfile::tempdir().unwrap();
     // No rescan during the test, so the only deadline applied is the test's own.
@@ -593,28 +603,25 @@ async fn a_due_rebalance_says_it_needs_the_topology_definition() {
         Nimbus::start_with(&ensemble, dir.path(), ApiConfig::default(), CodeStoreLimits::default(), hour)
             .await;
     seed(nimbus.session(), nimbus.transitions.code()).await;
-    let rebalance =
-        Event::Rebalance { wait_secs: 0, num_workers: Some(1), component_executors: BTreeMap::new() };
-    nimbus.transitions.apply(&id(), rebalance, now_secs()).await.unwrap();
-    let err = nimbus.transitions.apply(&id(), Event::Deadline, now_secs()).await.unwrap_err();
-    assert!(
-        matches!(err, TransitionError::Reschedule { source: RescheduleError::NeedsTopologyDefinition, .. }),
-        "{err}"
-    );
-    assert_eq!(
-        err.to_string(),
-        format!(
-            "cannot reschedule topology {ID}: rescheduling needs the topology definition (not yet implemented)"
-        )
-    );
-    let stored = stored_base(nimbus.session()).await.unwrap();
-    assert_eq!(stored.status, TopologyStatus::Rebalancing, "the rebalance stays pending");
-    let counted = |event: &str, result: &str| {
-        nimbus.transitions.metrics().transitions.with_label_values(&[event, result]).get()
+    let slots = |a: &Assignment| a.slots().into_iter().map(|s| s.port).collect::<Vec<_>>();
+    let path = StormPaths::default().assignment(&id());
+    let (before, _) = nimbus.session().read::<Assignment>(&path).await.unwrap();
+    assert_eq!(slots(&before), vec![6700, 6701]);
+    let rebalance = Event::Rebalance {
+        wait_secs: 0,
+        num_workers: Some(1),
+        component_executors: [(comp("split"), 1)].into_iter().collect(),
     };
-    assert_eq!(counted("rebalance", "ok"), 1);
-    // The timers' start-up rescan may have raced the test to the due rebalance as well.
-    assert!(counted("deadline", "failed") >= 1);
+    nimbus.transitions.apply(&id(), rebalance, now_secs()).await.unwrap();
+    // The timers' start-up rescan may race the test to the due rebalance; either applies it.
+    let _ = nimbus.transitions.apply(&id(), Event::Deadline, now_secs()).await;
+    let stored = stored_base(nimbus.session()).await.unwrap();
+    assert_eq!((stored.status, stored.num_workers), (TopologyStatus::Active, 1));
+    let (after, _) = nimbus.session().read::<Assignment>(&path).await.unwrap();
+    assert_eq!(slots(&after).len(), 1, "one worker now");
+    let executors: Vec<(u32, u32)> =
+        after.executors.iter().map(|e| (e.executor.start_task().0, e.executor.end_task().0)).collect();
+    assert_eq!(executors, vec![(1, 1), (2, 3)], "split's two tasks in one executor");
     nimbus.stop().await;
 }
 
@@ -671,8 +678,7 @@ async fn serve_runs_until_shutdown_or_until_its_session_ends() {
                 let shutdown = shutdown.clone();
                 async move {
                     let registry = prometheus::Registry::new();
-                    let rescheduler = Arc::new(NoTopologyDefinition);
-                    nimbus::serve(config, listener, ensemble, &registry, rescheduler, shutdown).await
+                    nimbus::serve(config, listener, ensemble, &registry, shutdown).await
                 }
             });
             eventually("nimbus to answer", || async {

@@ -20,7 +20,7 @@ use cluster_state::coord::{self, Ensemble, Session, SessionOptions};
 use cluster_state::ids::{SupervisorId, TopologyId};
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{Assignment, SupervisorInfo};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -31,7 +31,7 @@ use crate::process_task::{ProcessError, ProcessTask, SpecBuilder};
 use crate::registration::Registration;
 
 /// The supervisor's settings, with Storm's key names.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SupervisorConfig {
     #[serde(rename = "storm.local.dir")]

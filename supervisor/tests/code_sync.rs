@@ -8,11 +8,11 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use cluster_state::code::CodeFile;
-use cluster_state::coord::Ensemble;
+use cluster_state::coord::{CreateMode, Ensemble, SessionOptions};
 use cluster_state::ids::TopologyId;
+use cluster_state::paths::StormPaths;
 use nimbus::NimbusConfig;
 use nimbus::code_store::{CodeStore, CodeStoreLimits, sha256_hex};
-use nimbus::transitions::NoTopologyDefinition;
 use supervisor::code_sync::{CodeError, CodeSync};
 use tokio_util::sync::CancellationToken;
 
@@ -26,8 +26,15 @@ async fn install(nimbus_dir: &Path, topology: &TopologyId, file: CodeFile, bytes
     store.install(&upload, topology, file).await.unwrap();
 }
 
-/// A nimbus serving `local_dir`'s code on a free port; stops when the token is cancelled.
-async fn nimbus(local_dir: &Path) -> (String, CancellationToken) {
+/// A nimbus serving `local_dir`'s code on a free port; stops when the token is cancelled. The
+/// `topologies` get a base record, or nimbus's cleanup would remove their code as orphans.
+async fn nimbus(local_dir: &Path, topologies: &[&TopologyId]) -> (String, CancellationToken) {
+    let ensemble = Ensemble::in_memory();
+    let session = ensemble.connect(&SessionOptions::default()).await.unwrap();
+    for id in topologies {
+        let path = StormPaths::default().storm(id);
+        session.create(&path, b"{}", CreateMode::Persistent.with_parents()).await.unwrap();
+    }
     let config = NimbusConfig { local_dir: local_dir.to_path_buf(), ..NimbusConfig::default() };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
@@ -35,16 +42,7 @@ async fn nimbus(local_dir: &Path) -> (String, CancellationToken) {
     let registry = prometheus::Registry::new();
     let stop = shutdown.clone();
     tokio::spawn(async move {
-        let ensemble = Ensemble::in_memory();
-        let _ = nimbus::serve(
-            config,
-            listener,
-            ensemble,
-            &registry,
-            std::sync::Arc::new(NoTopologyDefinition),
-            stop,
-        )
-        .await;
+        let _ = nimbus::serve(config, listener, ensemble, &registry, stop).await;
     });
     (addr, shutdown)
 }
@@ -59,7 +57,7 @@ async fn downloads_checks_reuses_and_cleans_up() {
     install(&nimbus_local.path().join("nimbus"), &wc, CodeFile::Topology, YAML).await;
     install(&nimbus_local.path().join("nimbus"), &wc, CodeFile::WorkerBinary, &binary).await;
     install(&nimbus_local.path().join("nimbus"), &old, CodeFile::Topology, YAML).await;
-    let (addr, shutdown) = nimbus(nimbus_local.path()).await;
+    let (addr, shutdown) = nimbus(nimbus_local.path(), &[&wc, &old]).await;
     let sync = CodeSync::new(addr, supervisor_local.path());
 
     let dir = sync.ensure(&wc).await.unwrap();
@@ -102,7 +100,7 @@ async fn a_corrupt_download_is_refused() {
     // The file changes on nimbus's disk after its checksum was recorded.
     let served = nimbus_local.path().join("nimbus/stormdist").join(wc.as_str()).join("topology.yaml");
     std::fs::write(&served, b"name: tampered\nspouts: []\n").unwrap();
-    let (addr, shutdown) = nimbus(nimbus_local.path()).await;
+    let (addr, shutdown) = nimbus(nimbus_local.path(), &[&wc]).await;
     let sync = CodeSync::new(addr, supervisor_local.path());
     let err = sync.ensure(&wc).await.unwrap_err();
     assert!(matches!(err, CodeError::Checksum { .. }), "{err}");

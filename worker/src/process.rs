@@ -404,22 +404,25 @@ async fn run_session(
     let slot = WorkerSlot { node: args.supervisor_id.clone(), port: args.port };
     let id = &args.topology_id;
     let topology = Arc::new(topology);
-    let layout = Arc::new(TaskLayout::compute(&topology.component_parallelism()));
+    // Tasks come from the file; executors from the assignment, which follows a rebalance's
+    // `-e comp=N` while the file keeps its own parallelism.
+    let file_layout = TaskLayout::compute(&topology.component_parallelism());
     let Some((assignment, assign_watch)) = read_assignment(session, paths, id, shutdown).await? else {
         return Ok(());
     };
+    let bad = |reason: String| Error::BadAssignment { topology: id.to_string(), reason };
     let plan_of = |a: &Assignment| {
-        plan_worker(&layout, a, &slot).map_err(|e| Error::BadAssignment {
-            topology: id.to_string(),
-            reason: match e {
-                PlanError::UnknownExecutor(x) => format!("executor {x} is not part of the topology's code"),
-                PlanError::NothingAssigned => {
-                    format!("nothing is assigned to slot {}:{}", slot.node, slot.port)
-                }
-            },
-        })
+        let unknown = |x: ExecutorId| bad(format!("executor {x} is not part of the topology's code"));
+        let layout = file_layout.with_executors(a.executors.iter().map(|e| e.executor)).map_err(unknown)?;
+        let plan = plan_worker(&layout, a, &slot).map_err(|e| match e {
+            PlanError::UnknownExecutor(x) => unknown(x),
+            PlanError::NothingAssigned => {
+                bad(format!("nothing is assigned to slot {}:{}", slot.node, slot.port))
+            }
+        })?;
+        Ok::<_, Error>((Arc::new(layout), plan))
     };
-    let plan = plan_of(&assignment)?;
+    let (layout, plan) = plan_of(&assignment)?;
     let (err_tx, mut err_rx) = tokio::sync::mpsc::channel::<ErrorReport>(256);
     let mut worker =
         StaticWorker::start(topology.clone(), layout.clone(), plan, id, &config.bind_host, Some(err_tx))?;
@@ -494,7 +497,7 @@ async fn run_session(
             match session.read_watch::<Assignment>(&paths.assignment(id)).await {
                 Ok((a, _, w)) => {
                     assign_watch = Some(w);
-                    match plan_of(&a) {
+                    match plan_of(&a).map(|(_, plan)| plan) {
                         Ok(new_plan) if new_plan.local_executors == plan.local_executors => {
                             if new_plan != plan {
                                 worker.update(new_plan.clone(), id)?;

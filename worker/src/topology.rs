@@ -14,8 +14,7 @@ use crate::config::TopologyConfig;
 use crate::error::{Error, Result};
 use crate::tuple::{DEFAULT_STREAM, Fields};
 
-/// The component id of acker tasks (Storm's `__acker`).
-pub const ACKER_COMPONENT: &str = "__acker";
+pub use cluster_state::structure::ACKER_COMPONENT;
 
 /// How a stream's tuples are spread over a subscribing bolt's tasks.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -186,3 +186,42 @@ fn a_missing_file_names_the_path() {
         Registry::with_builtins().load_file(std::path::Path::new("/nonexistent/topology.yaml")).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/topology.yaml"), "{e}");
 }
+
+/// Nimbus reads only the structure of a topology file (`cluster_state::structure`); it must
+/// count executors and tasks exactly as the worker's loader does, or the two disagree on task
+/// ids.
+#[test]
+fn nimbus_reads_the_same_structure_as_the_loader() {
+    let mut files = vec![GOOD.to_owned(), GOOD.replace("topology.workers: 2", "topology.acker.executors: 0")];
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples");
+    for entry in std::fs::read_dir(examples).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            files.push(std::fs::read_to_string(path).unwrap());
+        }
+    }
+    let mut registry = Registry::with_builtins();
+    kafka_like_components(&mut registry);
+    for text in files {
+        let topology = registry.load_str(&text).unwrap();
+        let structure = cluster_state::structure::TopologyStructure::from_flux(&text).unwrap();
+        assert_eq!(structure.name.as_str(), topology.name());
+        assert_eq!(structure.num_workers, topology.config().workers);
+        let shapes: Vec<_> =
+            structure.components.iter().map(|(c, s)| (c.clone(), s.executors, s.tasks)).collect();
+        assert_eq!(shapes, topology.component_parallelism(), "{text}");
+    }
+}
+
+/// Example files may name the Kafka components (registered by the `squall` binary, not this
+/// crate); stand-ins with the same names let the loader check the rest of those files.
+fn kafka_like_components(registry: &mut Registry) {
+    registry.register_spout("kafka-spout", |_| {
+        Ok(std::sync::Arc::new(|| {
+            Box::new(worker::builtin::SentenceSpout::new(Default::default())) as Box<dyn worker::Spout>
+        }))
+    });
+    registry.register_bolt("kafka-bolt", |_| {
+        Ok(std::sync::Arc::new(|| Box::new(worker::builtin::LogSink) as Box<dyn worker::Bolt>))
+    });
+}

@@ -1,0 +1,233 @@
+//! A topology's shape as nimbus needs it: its name, worker count, and each component's executors
+//! and tasks, read from the Flux YAML without resolving a single class.
+//!
+//! Nimbus schedules topologies whose components it cannot load (they may live in the user's own
+//! worker binary), so it reads only the structural fields of the file: `name`,
+//! `config.topology.workers`, `config.topology.acker.executors`, and `id` / `parallelism` /
+//! `numTasks` of every spout and bolt. Everything else (classes, params, streams, other config
+//! keys) is the worker's business and is checked by the worker's loader, which `squall submit`
+//! runs before uploading. The two readers agree on the numbers; worker's tests hold them to it.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::ids::{ComponentId, TopologyName};
+use crate::layout::TaskLayout;
+
+/// The component id of acker tasks (Storm's `__acker`).
+pub const ACKER_COMPONENT: &str = "__acker";
+
+/// One component's executor and task counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ComponentShape {
+    /// Executors (`parallelism`).
+    pub executors: u32,
+    /// Tasks (`numTasks`, default: the parallelism); fixed for the topology's lifetime.
+    pub tasks: u32,
+}
+
+/// What nimbus knows of a topology's definition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopologyStructure {
+    pub name: TopologyName,
+    /// `topology.workers` (Storm's default: 1).
+    pub num_workers: u32,
+    /// Every component, ackers (`__acker`) included when acking is on.
+    pub components: BTreeMap<ComponentId, ComponentShape>,
+}
+
+/// Why a topology file's structure is unusable. The message names the element.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("topology file: {element}: {reason}")]
+pub struct StructureError {
+    pub element: String,
+    pub reason: String,
+}
+
+impl StructureError {
+    fn new(element: impl Into<String>, reason: impl Into<String>) -> Self {
+        StructureError { element: element.into(), reason: reason.into() }
+    }
+}
+
+#[derive(Deserialize)]
+struct File {
+    name: Option<String>,
+    #[serde(default)]
+    config: Config,
+    #[serde(default)]
+    spouts: Vec<Component>,
+    #[serde(default)]
+    bolts: Vec<Component>,
+}
+
+#[derive(Deserialize, Default)]
+struct Config {
+    #[serde(rename = "topology.workers")]
+    workers: Option<u32>,
+    #[serde(rename = "topology.acker.executors")]
+    acker_executors: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Component {
+    id: Option<String>,
+    parallelism: Option<u32>,
+    num_tasks: Option<u32>,
+}
+
+impl TopologyStructure {
+    /// Reads the structure of a Flux YAML topology file.
+    pub fn from_flux(text: &str) -> Result<TopologyStructure, StructureError> {
+        let file: File = serde_yaml_ng::from_str(text).map_err(|e| {
+            let at = e.location().map_or_else(String::new, |l| format!("line {}", l.line()));
+            StructureError::new(if at.is_empty() { "YAML".to_owned() } else { at }, e.to_string())
+        })?;
+        let name = file.name.ok_or_else(|| StructureError::new("name", "missing"))?;
+        let name = TopologyName::new(&name).map_err(|e| StructureError::new("name", e.to_string()))?;
+        let num_workers = file.config.workers.unwrap_or(1);
+        if num_workers == 0 {
+            return Err(StructureError::new("config topology.workers", "must be at least 1"));
+        }
+        let mut components = BTreeMap::new();
+        let sections = [("spouts", &file.spouts), ("bolts", &file.bolts)];
+        for (section, list) in sections {
+            for (i, c) in list.iter().enumerate() {
+                let element = format!("{section}[{i}]");
+                let id = c.id.as_deref().ok_or_else(|| StructureError::new(&element, "id is missing"))?;
+                let element = format!("{section}[{i}] {id:?}");
+                let id = ComponentId::new(id).map_err(|e| StructureError::new(&element, e.to_string()))?;
+                if id.as_str().starts_with("__") {
+                    return Err(StructureError::new(
+                        &element,
+                        "ids starting with __ are reserved for Squall",
+                    ));
+                }
+                let executors = c.parallelism.unwrap_or(1);
+                if executors == 0 {
+                    return Err(StructureError::new(&element, "parallelism must be at least 1"));
+                }
+                let tasks = c.num_tasks.unwrap_or(executors);
+                if tasks < executors {
+                    return Err(StructureError::new(
+                        &element,
+                        format!("numTasks {tasks} is less than parallelism {executors}"),
+                    ));
+                }
+                if components.insert(id, ComponentShape { executors, tasks }).is_some() {
+                    return Err(StructureError::new(&element, "duplicate id"));
+                }
+            }
+        }
+        if components.is_empty() {
+            return Err(StructureError::new("spouts", "a topology needs at least one spout or bolt"));
+        }
+        let ackers = file.config.acker_executors.unwrap_or(num_workers);
+        if ackers > 0
+            && let Ok(acker) = ComponentId::new(ACKER_COMPONENT)
+        {
+            components.insert(acker, ComponentShape { executors: ackers, tasks: ackers });
+        }
+        Ok(TopologyStructure { name, num_workers, components })
+    }
+
+    /// Executors per component, as `StormBase::component_executors` holds them.
+    pub fn component_executors(&self) -> BTreeMap<ComponentId, u32> {
+        self.components.iter().map(|(c, s)| (c.clone(), s.executors)).collect()
+    }
+
+    /// The task layout with `executors` per component (a rebalance's `-e comp=N`; components not
+    /// in it keep their own count). A count above the component's tasks is capped at the tasks,
+    /// as Storm does.
+    pub fn layout(&self, executors: &BTreeMap<ComponentId, u32>) -> TaskLayout {
+        let triples: Vec<(ComponentId, u32, u32)> = self
+            .components
+            .iter()
+            .map(|(c, s)| {
+                let n = executors.get(c).copied().unwrap_or(s.executors).clamp(1, s.tasks.max(1));
+                (c.clone(), n, s.tasks)
+            })
+            .collect();
+        TaskLayout::compute(&triples)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(s: &str) -> ComponentId {
+        ComponentId::new(s).unwrap()
+    }
+
+    const WORDCOUNT: &str = "
+name: wordcount
+config:
+  topology.workers: 2
+  topology.max.spout.pending: 1000
+spouts:
+  - id: sentences
+    className: sentence-generator
+    params: {rate_per_sec: 20}
+bolts:
+  - id: split
+    className: split-sentence
+    parallelism: 2
+    numTasks: 4
+  - id: count
+    className: word-count
+    parallelism: 3
+streams:
+  - {from: sentences, to: split, grouping: {type: SHUFFLE}}
+";
+
+    #[test]
+    fn reads_counts_and_adds_ackers() {
+        let s = TopologyStructure::from_flux(WORDCOUNT).unwrap();
+        assert_eq!(s.name.as_str(), "wordcount");
+        assert_eq!(s.num_workers, 2);
+        let shapes: Vec<(&str, u32, u32)> =
+            s.components.iter().map(|(c, s)| (c.as_str(), s.executors, s.tasks)).collect();
+        assert_eq!(shapes, vec![("__acker", 2, 2), ("count", 3, 3), ("sentences", 1, 1), ("split", 2, 4)]);
+        let layout = s.layout(&s.component_executors());
+        assert_eq!(layout.max_task(), 10);
+        assert_eq!(layout.executors.len(), 8);
+        // A rebalance to 4 executors of split uses its 4 tasks; 9 is capped to them.
+        let more = s.layout(&BTreeMap::from([(c("split"), 9)]));
+        assert_eq!(more.executors.values().filter(|v| v.as_str() == "split").count(), 4);
+    }
+
+    #[test]
+    fn acking_off_has_no_ackers() {
+        let s =
+            TopologyStructure::from_flux("name: t\nconfig: {topology.acker.executors: 0}\nbolts: [{id: b}]")
+                .unwrap();
+        assert_eq!(s.components.keys().map(ComponentId::as_str).collect::<Vec<_>>(), vec!["b"]);
+        assert_eq!(s.num_workers, 1);
+    }
+
+    #[test]
+    fn bad_structures_name_the_element() {
+        let cases = [
+            ("spouts: [{id: s}]", "name: missing"),
+            ("name: a/b\nspouts: [{id: s}]", "name: "),
+            ("name: t", "spouts: a topology needs"),
+            ("name: t\nspouts: [{id: s}, {id: s}]", "spouts[1] \"s\": duplicate id"),
+            ("name: t\nspouts: [{id: s}]\nbolts: [{id: s}]", "bolts[0] \"s\": duplicate id"),
+            ("name: t\nbolts: [{id: b, parallelism: 0}]", "bolts[0] \"b\": parallelism must be"),
+            ("name: t\nbolts: [{id: b, parallelism: 3, numTasks: 2}]", "numTasks 2 is less"),
+            ("name: t\nbolts: [{parallelism: 3}]", "bolts[0]: id is missing"),
+            ("name: t\nbolts: [{id: __acker}]", "reserved"),
+            ("name: t\nconfig: {topology.workers: 0}\nbolts: [{id: b}]", "topology.workers: must be"),
+            ("name: t\nbolts: [{id: b, parallelism: many}]", "line 2"),
+            ("[1, 2]", "line 1"),
+            ("name: t\nbolts: {id: b}", "line 2"),
+        ];
+        for (text, expected) in cases {
+            let err = TopologyStructure::from_flux(text).unwrap_err().to_string();
+            assert!(err.contains(expected), "{text:?}: {err}");
+        }
+    }
+}

@@ -1,0 +1,499 @@
+//! Submit and assignments: Storm's `submitTopology` and `mk-assignments`.
+//!
+//! [`Assigner`] is the one writer of `/assignments/<id>`. Every `nimbus.monitor.freq.secs` its
+//! monitor pass reads the cluster (bases, assignments, supervisors, worker heartbeats), judges
+//! which executors are alive on nimbus's own clock ([`HeartbeatCache`]) and which supervisors
+//! are alive (present in `/supervisors` with a heartbeat that changed within
+//! `nimbus.supervisor.timeout.secs`), and re-runs the even scheduler for every topology: alive
+//! executors keep their slot, dead ones (no heartbeat for `nimbus.task.timeout.secs`, or on a
+//! supervisor gone) move. An assignment is written only when it changes, with compare-and-set.
+//!
+//! A rebalance falling due calls [`Assigner`] as the [`Rescheduler`]: that topology is
+//! rescheduled from scratch (no executor counts as alive) with the base's new worker count and
+//! executor counts. Submit installs the code, creates `/workerbeats/<id>`, writes `/storms/<id>`
+//! and then the first assignment, and (like everything here) runs under one lock, so a monitor
+//! pass or the orphan cleanup never sees a submit half-done.
+//!
+//! The executors of a topology come from its structure ([`TopologyStructure`], read from the
+//! topology file in the code store, cached per id) and the base's `component_executors`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use cluster_state::coord::{self, CreateMode, Session};
+use cluster_state::ids::{ExecutorId, SupervisorId, TopologyId, TopologyName, WorkerSlot};
+use cluster_state::paths::StormPaths;
+use cluster_state::structure::{StructureError, TopologyStructure};
+use cluster_state::znode::{
+    Assignment, ExecutorAssignment, StormBase, SupervisorInfo, TopologyStatus, WorkerHeartbeat, ZnodeData,
+};
+use tokio::sync::Mutex;
+
+use crate::code_store::{CodeFile, CodeStore, CodeStoreError, UploadId};
+use crate::liveness::{HeartbeatCache, Timeouts};
+use crate::metrics::NimbusMetrics;
+use crate::scheduler::{ScheduleInput, schedule};
+use crate::state::{self, Skipped};
+use crate::transitions::{RescheduleError, Rescheduler, Transitions, now_secs};
+
+/// The largest topology file nimbus reads (the definition, not the worker binary).
+pub const MAX_TOPOLOGY_FILE_BYTES: u64 = 1024 * 1024;
+
+/// The timeouts the monitor judges liveness with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MonitorTimeouts {
+    /// `nimbus.task.timeout.secs` and `nimbus.task.launch.secs`.
+    pub tasks: Timeouts,
+    /// `nimbus.supervisor.timeout.secs` (Storm: 60).
+    pub supervisor_timeout_secs: u64,
+}
+
+impl Default for MonitorTimeouts {
+    fn default() -> Self {
+        MonitorTimeouts { tasks: Timeouts::default(), supervisor_timeout_secs: 60 }
+    }
+}
+
+/// What a submit asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubmitRequest {
+    /// A finished upload holding the topology file.
+    pub topology: UploadId,
+    /// A finished upload holding the user's worker binary, if any.
+    pub worker_binary: Option<UploadId>,
+    /// Start deactivated (`squall submit --inactive`).
+    pub inactive: bool,
+    /// Who submits (recorded in the base).
+    pub owner: String,
+}
+
+/// Why a submit was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the topology file is not UTF-8 text")]
+    NotText,
+    #[error(transparent)]
+    Structure(#[from] StructureError),
+    /// Storm: "Topology with name `x` already exists on cluster".
+    #[error("a topology named {name} is already running as {id}; kill it first or choose another name")]
+    NameTaken { name: TopologyName, id: TopologyId },
+    #[error(transparent)]
+    Code(#[from] CodeStoreError),
+    #[error(transparent)]
+    Coord(#[from] coord::Error),
+}
+
+/// What one monitor pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// Topologies whose assignment was written.
+    pub written: Vec<TopologyId>,
+    /// Executors that moved to another slot (or got one), over all topologies.
+    pub moved: usize,
+    /// Executors left without a slot (the cluster has none free).
+    pub unassigned: usize,
+    /// Znodes skipped as garbage.
+    pub skipped: Vec<Skipped>,
+}
+
+#[derive(Debug, Default)]
+struct Memory {
+    executors: BTreeMap<TopologyId, HeartbeatCache>,
+    supervisors: HeartbeatCache<SupervisorId>,
+    structures: BTreeMap<TopologyId, Arc<TopologyStructure>>,
+    /// Storm's `submitted-count`: the middle part of topology ids.
+    submitted: u64,
+}
+
+/// Submit, the monitor pass and rescheduling; see the module docs.
+#[derive(Debug)]
+pub struct Assigner {
+    session: Arc<Session>,
+    paths: StormPaths,
+    code: CodeStore,
+    timeouts: MonitorTimeouts,
+    metrics: NimbusMetrics,
+    memory: Mutex<Memory>,
+}
+
+impl Assigner {
+    pub fn new(
+        session: Arc<Session>,
+        paths: StormPaths,
+        code: CodeStore,
+        timeouts: MonitorTimeouts,
+        metrics: NimbusMetrics,
+    ) -> Self {
+        Assigner { session, paths, code, timeouts, metrics, memory: Mutex::new(Memory::default()) }
+    }
+
+    /// Storm's `submitTopology`: checks the file, installs the code, writes the base and the
+    /// first assignment. Returns the new topology's id and base.
+    pub async fn submit(&self, request: SubmitRequest) -> Result<(TopologyId, StormBase), SubmitError> {
+        let mut memory = self.memory.lock().await;
+        let bytes = self.code.read_finished(request.topology, MAX_TOPOLOGY_FILE_BYTES).await?;
+        let text = String::from_utf8(bytes).map_err(|_| SubmitError::NotText)?;
+        let structure = TopologyStructure::from_flux(&text)?;
+        let storms = state::read_storms(&self.session, &self.paths).await?.value;
+        if let Some((id, _)) = storms.iter().find(|(_, b)| b.name == structure.name) {
+            return Err(SubmitError::NameTaken { name: structure.name.clone(), id: id.clone() });
+        }
+        let launch = now_secs();
+        let id = loop {
+            memory.submitted += 1;
+            let id = TopologyId::new(&structure.name, memory.submitted, launch);
+            // A restarted nimbus counts from 1 again; the launch second keeps ids apart, and this
+            // check covers a restart within the same second.
+            if !storms.contains_key(&id) && self.session.exists(&self.paths.storm(&id)).await?.is_none() {
+                break id;
+            }
+        };
+        // The worker binary first: it is the one that can be refused (unknown upload) after the
+        // topology file was moved.
+        if let Some(upload) = request.worker_binary {
+            self.code.install_id(upload, &id, CodeFile::WorkerBinary).await?;
+        }
+        self.code.install_id(request.topology, &id, CodeFile::Topology).await?;
+        let base = StormBase {
+            name: structure.name.clone(),
+            launch_time_secs: launch,
+            status: if request.inactive { TopologyStatus::Inactive } else { TopologyStatus::Active },
+            num_workers: structure.num_workers,
+            component_executors: structure.component_executors(),
+            owner: request.owner,
+            prev_status: None,
+            pending_transition: None,
+        };
+        let written = async {
+            let persistent = CreateMode::Persistent.with_parents();
+            match self.session.create(&self.paths.workerbeats_topology(&id), b"", persistent).await {
+                Ok(_) | Err(coord::Error::NodeExists { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            self.session.create(&self.paths.storm(&id), &base.encode(), persistent).await?;
+            Ok(())
+        }
+        .await;
+        if let Err(e) = written {
+            // Nothing of this topology may stay behind: the code goes, the heartbeat dir goes.
+            let _ = self.code.remove(&id).await;
+            let _ = self.session.delete_recursive(&self.paths.workerbeats_topology(&id)).await;
+            return Err(e.into());
+        }
+        memory.structures.insert(id.clone(), Arc::new(structure));
+        tracing::info!(topology = %id, status = %base.status, workers = base.num_workers, "topology submitted");
+        // The first assignment; a failure here is repaired by the next monitor pass.
+        if let Err(e) = self.pass(&mut memory, None).await {
+            tracing::warn!(topology = %id, "first assignment failed, the monitor retries: {e}");
+        }
+        Ok((id, base))
+    }
+
+    /// One monitor pass over every topology (Storm's `mk-assignments`).
+    pub async fn monitor_pass(&self) -> Result<PassReport, RescheduleError> {
+        let mut memory = self.memory.lock().await;
+        self.pass(&mut memory, None).await
+    }
+
+    /// Storm's `cleanup-storm-ids`, under the submit lock (see
+    /// [`Transitions::cleanup_orphans`]).
+    pub async fn cleanup_orphans(&self, transitions: &Transitions) -> Vec<TopologyId> {
+        let _memory = self.memory.lock().await;
+        match transitions.cleanup_orphans().await {
+            Ok(removed) => removed,
+            Err(e) => {
+                tracing::warn!("cleaning up removed topologies failed, retrying at the next pass: {e}");
+                Vec::new()
+            }
+        }
+    }
+
+    async fn structure(
+        &self,
+        memory: &mut Memory,
+        id: &TopologyId,
+    ) -> Result<Arc<TopologyStructure>, RescheduleError> {
+        if let Some(s) = memory.structures.get(id) {
+            return Ok(s.clone());
+        }
+        let mut reader = self.code.open_code(id, CodeFile::Topology).await.map_err(|e| {
+            RescheduleError::Other(format!("topology {id} has no readable topology file: {e}"))
+        })?;
+        if reader.size > MAX_TOPOLOGY_FILE_BYTES {
+            return Err(RescheduleError::Other(format!("topology {id}: its topology file is too large")));
+        }
+        let mut text = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut reader.file, &mut text)
+            .await
+            .map_err(|e| RescheduleError::Other(format!("topology {id}: reading its topology file: {e}")))?;
+        let structure = Arc::new(
+            TopologyStructure::from_flux(&text)
+                .map_err(|e| RescheduleError::Other(format!("topology {id}: {e}")))?,
+        );
+        memory.structures.insert(id.clone(), structure.clone());
+        Ok(structure)
+    }
+
+    /// Reads the cluster and writes every assignment that changes. `scratch` is a topology
+    /// being rebalanced, with the base it is rebalanced to: all its executors move.
+    async fn pass(
+        &self,
+        memory: &mut Memory,
+        scratch: Option<(&TopologyId, &StormBase)>,
+    ) -> Result<PassReport, RescheduleError> {
+        let now = now_secs();
+        let read = state::read_snapshot(&self.session, &self.paths, 0, now).await?;
+        let mut report = PassReport { skipped: read.skipped, ..Default::default() };
+        let snapshot = read.value;
+
+        // Supervisors: present, and heartbeating on nimbus's clock.
+        let beats: BTreeMap<SupervisorId, u64> =
+            snapshot.supervisors.iter().map(|(id, info)| (id.clone(), info.time_secs)).collect();
+        memory.supervisors.retain(|id| beats.contains_key(id));
+        memory.supervisors.observe(&beats, now);
+        let supervisor_timeouts =
+            Timeouts { task_timeout_secs: self.timeouts.supervisor_timeout_secs, task_launch_secs: 0 };
+        let live: BTreeMap<&SupervisorId, &SupervisorInfo> = snapshot
+            .supervisors
+            .iter()
+            .filter(|(id, _)| memory.supervisors.is_alive(id, 0, now, supervisor_timeouts))
+            .collect();
+        let supervisor_ports: BTreeMap<SupervisorId, BTreeSet<u16>> =
+            live.iter().map(|(id, info)| ((*id).clone(), info.all_ports.iter().copied().collect())).collect();
+
+        memory.executors.retain(|id, _| snapshot.storms.contains_key(id));
+        memory.structures.retain(|id, _| snapshot.storms.contains_key(id));
+
+        // Slots each topology holds now; updated as topologies are rescheduled in turn.
+        let mut held: BTreeMap<TopologyId, BTreeSet<WorkerSlot>> =
+            snapshot.assignments.iter().map(|(id, a)| (id.clone(), a.slots())).collect();
+
+        for (id, stored_base) in &snapshot.storms {
+            let (base, from_scratch) = match scratch {
+                Some((scratch_id, new_base)) if scratch_id == id => (new_base, true),
+                _ => (stored_base, false),
+            };
+            if base.status == TopologyStatus::Killed {
+                continue;
+            }
+            let structure = match self.structure(memory, id).await {
+                Ok(s) => s,
+                Err(e) if from_scratch => return Err(e),
+                Err(e) => {
+                    tracing::warn!(topology = %id, "cannot schedule: {e}");
+                    continue;
+                }
+            };
+            let executors: BTreeSet<ExecutorId> =
+                structure.layout(&base.component_executors).executors.into_keys().collect();
+            let existing = snapshot.assignments.get(id);
+            let cache = memory.executors.entry(id.clone()).or_default();
+            let alive = if from_scratch {
+                *cache = HeartbeatCache::default();
+                BTreeMap::new()
+            } else {
+                let reported = self.executor_beats(id, &mut report.skipped).await?;
+                cache.observe(&reported, now);
+                existing
+                    .map(|a| {
+                        a.executors
+                            .iter()
+                            .filter(|e| {
+                                cache.is_alive(&e.executor, e.start_time_secs, now, self.timeouts.tasks)
+                            })
+                            .map(|e| (e.executor, e.slot()))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            let used_by_others: BTreeSet<WorkerSlot> = held
+                .iter()
+                .filter(|(other, _)| *other != id)
+                .flat_map(|(_, slots)| slots.iter().cloned())
+                .collect();
+            let input = ScheduleInput {
+                num_workers: base.num_workers as usize,
+                executors,
+                alive,
+                supervisor_ports: supervisor_ports.clone(),
+                used_by_others,
+            };
+            let decided = schedule(&input);
+            report.unassigned += decided.unassigned.len();
+            if !decided.unassigned.is_empty() {
+                tracing::warn!(
+                    topology = %id,
+                    executors = decided.unassigned.len(),
+                    "no free slot for some executors; they wait for a supervisor with free ports"
+                );
+            }
+            let master_code_dir = self.code.topology_dir(id).display().to_string();
+            let (assignment, moved) =
+                to_assignment(&decided.assignment, existing, &live, now, master_code_dir);
+            let cache_keep: BTreeSet<ExecutorId> = assignment.executors.iter().map(|e| e.executor).collect();
+            if let Some(cache) = memory.executors.get_mut(id) {
+                cache.retain(|e| cache_keep.contains(e));
+            }
+            held.insert(id.clone(), assignment.slots());
+            if existing == Some(&assignment) {
+                continue;
+            }
+            self.write_assignment(id, &assignment).await?;
+            report.written.push(id.clone());
+            report.moved += moved;
+            self.metrics.assignments_written.inc();
+            self.metrics.executors_reassigned.inc_by(moved as u64);
+            tracing::info!(topology = %id, moved, slots = assignment.slots().len(), "assignment written");
+        }
+        self.metrics.garbage_znodes.inc_by(report.skipped.len() as u64);
+        Ok(report)
+    }
+
+    /// The latest heartbeat time of each executor of topology `id`.
+    async fn executor_beats(
+        &self,
+        id: &TopologyId,
+        skipped: &mut Vec<Skipped>,
+    ) -> Result<BTreeMap<ExecutorId, u64>, coord::Error> {
+        let dir = self.paths.workerbeats_topology(id);
+        let mut reported = BTreeMap::new();
+        for name in state::children_or_none(&self.session, &dir).await? {
+            let path = coord::join(&dir, &name);
+            if let Some((beat, _)) =
+                state::read_optional::<WorkerHeartbeat>(&self.session, &path, skipped).await?
+            {
+                for stats in &beat.executor_stats {
+                    reported.insert(stats.executor, beat.time_secs);
+                }
+            }
+        }
+        Ok(reported)
+    }
+
+    async fn write_assignment(&self, id: &TopologyId, assignment: &Assignment) -> Result<(), coord::Error> {
+        let path = self.paths.assignment(id);
+        match self.session.set(&path, &assignment.encode(), None).await {
+            Ok(_) => Ok(()),
+            Err(coord::Error::NoNode { .. }) => {
+                match self
+                    .session
+                    .create(&path, &assignment.encode(), CreateMode::Persistent.with_parents())
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err(coord::Error::NodeExists { .. }) => {
+                        self.session.set(&path, &assignment.encode(), None).await.map(|_| ())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Rescheduler for Assigner {
+    async fn reschedule(
+        &self,
+        _: &Session,
+        id: &TopologyId,
+        base: &StormBase,
+    ) -> Result<(), RescheduleError> {
+        let mut memory = self.memory.lock().await;
+        self.pass(&mut memory, Some((id, base))).await.map(|_| ())
+    }
+}
+
+/// The assignment for a schedule: executors that stay on their slot keep their start time, the
+/// others start `now`; hosts come from the live supervisors. Also returns how many executors
+/// moved (or got a slot for the first time).
+pub fn to_assignment(
+    placed: &BTreeMap<ExecutorId, WorkerSlot>,
+    existing: Option<&Assignment>,
+    supervisors: &BTreeMap<&SupervisorId, &SupervisorInfo>,
+    now_secs: u64,
+    master_code_dir: String,
+) -> (Assignment, usize) {
+    let before: BTreeMap<ExecutorId, &ExecutorAssignment> =
+        existing.map(|a| a.executors.iter().map(|e| (e.executor, e)).collect()).unwrap_or_default();
+    let mut moved = 0;
+    let executors: Vec<ExecutorAssignment> = placed
+        .iter()
+        .map(|(executor, slot)| {
+            let start_time_secs = match before.get(executor) {
+                Some(e) if e.node == slot.node && e.port == slot.port => e.start_time_secs,
+                _ => {
+                    moved += 1;
+                    now_secs
+                }
+            };
+            ExecutorAssignment {
+                executor: *executor,
+                node: slot.node.clone(),
+                port: slot.port,
+                start_time_secs,
+            }
+        })
+        .collect();
+    let node_host = executors
+        .iter()
+        .map(|e| {
+            let host = supervisors.get(&e.node).map_or_else(|| e.node.to_string(), |s| s.hostname.clone());
+            (e.node.clone(), host)
+        })
+        .collect();
+    (Assignment { master_code_dir, node_host, executors }, moved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cluster_state::ids::TaskId;
+
+    fn sup(id: &str) -> SupervisorId {
+        SupervisorId::new(id).unwrap()
+    }
+
+    fn slot(node: &str, port: u16) -> WorkerSlot {
+        WorkerSlot { node: sup(node), port }
+    }
+
+    fn ex(t: u32) -> ExecutorId {
+        ExecutorId::single(TaskId(t))
+    }
+
+    fn info(id: &str, host: &str) -> SupervisorInfo {
+        SupervisorInfo {
+            time_secs: 1,
+            hostname: host.into(),
+            supervisor_id: sup(id),
+            used_ports: vec![],
+            all_ports: vec![6700, 6701],
+            uptime_secs: 1,
+            version: "0".into(),
+            metrics_endpoint: None,
+        }
+    }
+
+    #[test]
+    fn executors_that_stay_keep_their_start_time_and_movers_count() {
+        let a = info("a", "host-a");
+        let b = info("b", "host-b");
+        let supervisors = BTreeMap::from([(&a.supervisor_id, &a), (&b.supervisor_id, &b)]);
+        let first = BTreeMap::from([(ex(1), slot("a", 6700)), (ex(2), slot("b", 6700))]);
+        let (before, moved) = to_assignment(&first, None, &supervisors, 100, "/code".into());
+        assert_eq!(moved, 2);
+        assert_eq!(before.node_host[&sup("b")], "host-b");
+
+        let second = BTreeMap::from([(ex(1), slot("a", 6700)), (ex(2), slot("a", 6701))]);
+        let (after, moved) = to_assignment(&second, Some(&before), &supervisors, 200, "/code".into());
+        assert_eq!(moved, 1);
+        let starts: Vec<u64> = after.executors.iter().map(|e| e.start_time_secs).collect();
+        assert_eq!(starts, vec![100, 200]);
+        assert_eq!(after.node_host.keys().collect::<Vec<_>>(), vec![&sup("a")]);
+
+        let (same, moved) = to_assignment(&second, Some(&after), &supervisors, 300, "/code".into());
+        assert_eq!((same == after, moved), (true, 0));
+    }
+}
