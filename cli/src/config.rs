@@ -84,11 +84,10 @@ impl ClusterConfig {
     /// Applies a `KEY=VALUE` override (Storm's `-c key=value`; the value is YAML, so
     /// `supervisor.slots.ports=[6700,6701]` works), checked like a key of the file.
     pub fn set(&mut self, assignment: &str) -> Result<(), String> {
-        let (key, value) = assignment
-            .split_once('=')
-            .ok_or_else(|| format!("-c {assignment:?}: KEY=VALUE is expected"))?;
-        let value: Value =
-            serde_yaml_ng::from_str(value).map_err(|e| format!("-c {assignment:?}: the value is not YAML: {e}"))?;
+        let (key, value) =
+            assignment.split_once('=').ok_or_else(|| format!("-c {assignment:?}: KEY=VALUE is expected"))?;
+        let value: Value = serde_yaml_ng::from_str(value)
+            .map_err(|e| format!("-c {assignment:?}: the value is not YAML: {e}"))?;
         let mut one = Mapping::new();
         one.insert(Value::String(key.to_owned()), value.clone());
         let text = serde_yaml_ng::to_string(&one).map_err(|e| format!("-c {assignment:?}: {e}"))?;

@@ -1,0 +1,383 @@
+//! A real multi-process cluster on this machine: ZooKeeper (the harness), `squall nimbus` and two
+//! `squall supervisor` processes with their own ports and dirs, all configured by one cluster
+//! config file (plus `-c` overrides), and the operator verbs run as `squall` commands.
+//!
+//! The word count runs on both supervisors; a worker killed with SIGKILL is restarted by its
+//! supervisor; a rebalance changes the worker count while tuples keep flowing; a supervisor
+//! killed with its workers loses only its executors to the other supervisor once
+//! `nimbus.supervisor.timeout.secs` passed; `kill -w 5` completes across a nimbus restart and
+//! leaves no znode or code dir of the topology; a bad topology file changes nothing; and a
+//! supervisor whose local state file is corrupt starts anyway.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use cluster_state::coord::{Ensemble, Session, SessionOptions};
+use cluster_state::ids::{ExecutorId, SupervisorId, TopologyId, WorkerSlot};
+use cluster_state::paths::StormPaths;
+use cluster_state::znode::{Assignment, SupervisorInfo, WorkerHeartbeat};
+use test_harness::ZkServer;
+
+const SQUALL: &str = env!("CARGO_BIN_EXE_squall");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Polls `check` every 200 ms until it gives a value, for at most `secs`.
+async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    secs: u64,
+    what: &str,
+    mut check: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {secs} s waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn pids_mentioning(marker: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    let me = std::process::id() as i32;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        if pid == me {
+            continue;
+        }
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmdline).contains(marker)
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn kill9(marker: &str) -> usize {
+    let pids = pids_mentioning(marker);
+    for pid in &pids {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    pids.len()
+}
+
+/// The cluster's processes; everything mentioning its root dir dies with it.
+struct Cluster {
+    root: tempfile::TempDir,
+    config: PathBuf,
+    zookeeper: String,
+    nimbus: String,
+    children: Vec<Child>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        kill9(&self.root.path().display().to_string());
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            for log in ["nimbus", "sup-a", "sup-b", "sup-c"] {
+                let path = self.root.path().join(format!("{log}.log"));
+                if let Ok(text) = std::fs::read_to_string(&path) {
+                    let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                    eprintln!("--- {log}.log (last lines) ---");
+                    for line in tail.into_iter().rev() {
+                        eprintln!("{line}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Cluster {
+    async fn new(test: &str) -> Cluster {
+        let root = tempfile::tempdir().unwrap();
+        let zookeeper = ZkServer::shared().chroot(test).await;
+        let port = free_port();
+        let nimbus = format!("127.0.0.1:{port}");
+        let config = root.path().join("cluster.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "# one file for every process of the test cluster\n\
+                 storm.zookeeper.session.timeout: 4000\n\
+                 storm.local.hostname: 127.0.0.1\n\
+                 nimbus.monitor.freq.secs: 1\n\
+                 nimbus.task.timeout.secs: 10\n\
+                 nimbus.task.launch.secs: 30\n\
+                 nimbus.supervisor.timeout.secs: 5\n\
+                 nimbus.http.host: 127.0.0.1\n\
+                 nimbus.http.port: {port}\n\
+                 nimbus.http.address: {nimbus}\n\
+                 supervisor.monitor.frequency.secs: 1\n\
+                 supervisor.heartbeat.frequency.secs: 1\n\
+                 supervisor.worker.timeout.secs: 10\n\
+                 supervisor.worker.shutdown.sleep.secs: 1\n"
+            ),
+        )
+        .unwrap();
+        Cluster { root, config, zookeeper, nimbus, children: Vec::new() }
+    }
+
+    fn dir(&self, name: &str) -> PathBuf {
+        self.root.path().join(name)
+    }
+
+    fn spawn(&mut self, log: &str, args: &[String]) {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir(&format!("{log}.log")))
+            .unwrap();
+        let child = Command::new(SQUALL)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        self.children.push(child);
+    }
+
+    fn daemon_args(&self, verb: &str, local: &str) -> Vec<String> {
+        vec![
+            verb.into(),
+            "--config".into(),
+            self.config.display().to_string(),
+            "--zookeeper".into(),
+            self.zookeeper.clone(),
+            "-c".into(),
+            format!("storm.local.dir={}", self.dir(local).display()),
+        ]
+    }
+
+    fn start_nimbus(&mut self) {
+        let args = self.daemon_args("nimbus", "nimbus");
+        self.spawn("nimbus", &args);
+    }
+
+    fn start_supervisor(&mut self, name: &str, ports: [u16; 2]) {
+        let mut args = self.daemon_args("supervisor", name);
+        args.extend(["-c".into(), format!("supervisor.slots.ports=[{}, {}]", ports[0], ports[1])]);
+        self.spawn(name, &args);
+    }
+
+    /// Runs a `squall` verb against nimbus.
+    fn squall(&self, args: &[&str]) -> Output {
+        Command::new(SQUALL)
+            .args(args)
+            .args(["--config", &self.config.display().to_string()])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    async fn session(&self) -> Session {
+        Ensemble::zookeeper(self.zookeeper.clone()).connect(&SessionOptions::default()).await.unwrap()
+    }
+}
+
+fn text(output: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+}
+
+async fn assignment(session: &Session, id: &TopologyId) -> Option<Assignment> {
+    session.read::<Assignment>(&StormPaths::default().assignment(id)).await.ok().map(|(a, _)| a)
+}
+
+async fn acked(session: &Session, id: &TopologyId, slot: &WorkerSlot) -> u64 {
+    let beat = session.read::<WorkerHeartbeat>(&StormPaths::default().workerbeat(id, slot)).await.ok();
+    beat.map_or(0, |(b, _)| b.executor_stats.iter().map(|s| s.acked).sum())
+}
+
+/// Waits until every slot of the assignment runs a worker that acks new tuples.
+async fn flowing(session: &Session, id: &TopologyId, what: &str) -> Assignment {
+    let a = assignment(session, id).await.unwrap();
+    let before: BTreeMap<WorkerSlot, u64> = {
+        let mut m = BTreeMap::new();
+        for slot in a.slots() {
+            m.insert(slot.clone(), acked(session, id, &slot).await);
+        }
+        m
+    };
+    for (slot, was) in &before {
+        eventually(90, &format!("{what}: the worker on port {} to ack tuples", slot.port), || async {
+            (acked(session, id, slot).await > *was).then_some(())
+        })
+        .await;
+    }
+    a
+}
+
+/// The supervisor ids, by their first port.
+async fn supervisors(session: &Session, count: usize) -> BTreeMap<u16, SupervisorId> {
+    eventually(60, "the supervisors to register", || async {
+        let paths = StormPaths::default();
+        let mut found = BTreeMap::new();
+        for child in session.children(&paths.supervisors_dir()).await.ok()? {
+            let (info, _) =
+                session.read::<SupervisorInfo>(&paths.supervisor(&child.parse().ok()?)).await.ok()?;
+            found.insert(*info.all_ports.iter().min()?, info.supervisor_id);
+        }
+        (found.len() == count).then_some(found)
+    })
+    .await
+}
+
+/// What runs on `node`: executor, port and start time.
+fn on(a: &Assignment, node: &SupervisorId) -> BTreeSet<(ExecutorId, u16, u64)> {
+    a.executors.iter().filter(|e| &e.node == node).map(|e| (e.executor, e.port, e.start_time_secs)).collect()
+}
+
+fn worker_dirs(local: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(local.join("workers"))
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_runs_recovers_rebalances_and_kills_across_a_nimbus_restart() {
+    let mut cluster = Cluster::new("cluster_lifecycle").await;
+    let (a_ports, b_ports) = ([free_port(), free_port()], [free_port(), free_port()]);
+    cluster.start_nimbus();
+    cluster.start_supervisor("sup-a", a_ports);
+    cluster.start_supervisor("sup-b", b_ports);
+    let session = cluster.session().await;
+    let paths = StormPaths::default();
+    let sups = supervisors(&session, 2).await;
+    let (sup_a, sup_b) = (
+        sups[&a_ports.iter().copied().min().unwrap()].clone(),
+        sups[&b_ports.iter().copied().min().unwrap()].clone(),
+    );
+
+    // A bad topology file is refused before anything is uploaded; nothing is written.
+    let bad = cluster.dir("bad.yaml");
+    std::fs::write(&bad, "name: wordcount\nspouts:\n  - id: s\n    className: no-such-spout\n").unwrap();
+    let refused = cluster.squall(&["submit", bad.to_str().unwrap()]);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused).contains("line 4") && text(&refused).contains("no-such-spout"),
+        "{}",
+        text(&refused)
+    );
+
+    // Submit word count with 4 workers: it runs on both supervisors.
+    let example =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/wordcount.yaml"))
+            .unwrap();
+    let file = cluster.dir("wordcount.yaml");
+    std::fs::write(&file, example.replace("topology.workers: 2", "topology.workers: 4")).unwrap();
+    let submitted = eventually(60, "nimbus to take the submit", || async {
+        let out = cluster.squall(&["submit", file.to_str().unwrap()]);
+        out.status.success().then(|| text(&out))
+    })
+    .await;
+    assert!(session.children(&paths.storms_dir()).await.unwrap().len() == 1, "the bad file wrote nothing");
+    let id: TopologyId =
+        submitted.split(" as ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    let first = eventually(60, "an assignment over 4 slots", || async {
+        assignment(&session, &id).await.filter(|a| a.slots().len() == 4)
+    })
+    .await;
+    assert!(!on(&first, &sup_a).is_empty() && !on(&first, &sup_b).is_empty(), "on both supervisors");
+    flowing(&session, &id, "after submit").await;
+    let list = cluster.squall(&["list"]);
+    let row = text(&list)
+        .lines()
+        .find(|l| l.starts_with("wordcount"))
+        .map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>());
+    assert_eq!(
+        row.as_ref().map(|r| (r[1].as_str(), r[3].as_str())),
+        Some(("ACTIVE", "4")),
+        "{}",
+        text(&list)
+    );
+
+    // kill -9 one worker of supervisor A: A starts another one; tuples flow again.
+    let a_local = cluster.dir("sup-a");
+    let victim = worker_dirs(&a_local).into_iter().next().unwrap();
+    assert!(kill9(&victim) > 0, "worker {victim} was running");
+    eventually(60, "supervisor A to replace the killed worker", || async {
+        let dirs = worker_dirs(&a_local);
+        (!dirs.contains(&victim) && dirs.len() == 2).then_some(())
+    })
+    .await;
+    flowing(&session, &id, "after the worker restart").await;
+
+    // Rebalance to 2 workers: the topology keeps running, on one slot per supervisor.
+    let out = cluster.squall(&["rebalance", "wordcount", "-w", "1", "-n", "2"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let two = eventually(60, "the rebalance to 2 workers", || async {
+        assignment(&session, &id).await.filter(|a| a.slots().len() == 2)
+    })
+    .await;
+    assert!(!on(&two, &sup_a).is_empty() && !on(&two, &sup_b).is_empty(), "spread over both");
+    flowing(&session, &id, "after the rebalance").await;
+    let two = assignment(&session, &id).await.unwrap();
+
+    // kill -9 supervisor B with its workers: after nimbus.supervisor.timeout.secs only B's
+    // executors move, to A's free slot; A's executors keep their slot and start time.
+    let killed = kill9(&cluster.dir("sup-b").display().to_string());
+    assert!(killed >= 2, "supervisor B and its worker were running ({killed} processes)");
+    let moved = eventually(60, "B's executors to move to A", || async {
+        assignment(&session, &id).await.filter(|a| on(a, &sup_b).is_empty())
+    })
+    .await;
+    assert_eq!(on(&moved, &sup_a).len(), moved.executors.len(), "everything on A now");
+    assert!(on(&two, &sup_a).is_subset(&on(&moved, &sup_a)), "A's executors did not move");
+    assert_eq!(moved.slots().len(), 2);
+    flowing(&session, &id, "after supervisor B died").await;
+
+    // kill -w 5, and nimbus dies and restarts during the wait: the kill still completes.
+    let out = cluster.squall(&["kill", "wordcount", "-w", "5"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        kill9(&format!("storm.local.dir={}", cluster.dir("nimbus").display())) == 1,
+        "nimbus was running"
+    );
+    cluster.start_nimbus();
+    let nimbus_code = cluster.dir("nimbus").join("nimbus/stormdist").join(id.as_str());
+    let supervisor_code = a_local.join("stormdist").join(id.as_str());
+    eventually(60, "every trace of the topology to go", || async {
+        let gone = |p: String| {
+            let session = &session;
+            async move { session.exists(&p).await.unwrap().is_none() }
+        };
+        let znodes = gone(paths.storm(&id)).await
+            && gone(paths.assignment(&id)).await
+            && gone(paths.workerbeats_topology(&id)).await
+            && gone(paths.errors_topology(&id)).await;
+        (znodes && !nimbus_code.exists() && !supervisor_code.exists() && worker_dirs(&a_local).is_empty())
+            .then_some(())
+    })
+    .await;
+    let list = cluster.squall(&["list"]);
+    assert!(text(&list).contains("No topologies running."), "{}", text(&list));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_supervisor_with_a_corrupt_state_file_starts_and_registers() {
+    let mut cluster = Cluster::new("cluster_corrupt_state").await;
+    let state = cluster.dir("sup-c").join("supervisor/state");
+    std::fs::create_dir_all(state.parent().unwrap()).unwrap();
+    std::fs::write(&state, b"\x00\x01 not a supervisor state \xff").unwrap();
+    cluster.start_supervisor("sup-c", [free_port(), free_port()]);
+    let session = cluster.session().await;
+    supervisors(&session, 1).await;
+    let log = std::fs::read_to_string(cluster.dir("sup-c.log")).unwrap();
+    assert!(log.contains("starting with an empty supervisor state"), "{log}");
+    // The state file was rebuilt: it is valid again (a restart reads it without complaint).
+    assert_ne!(std::fs::read(&state).unwrap(), b"\x00\x01 not a supervisor state \xff");
+}
