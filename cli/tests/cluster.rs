@@ -74,7 +74,6 @@ struct Cluster {
     root: tempfile::TempDir,
     config: PathBuf,
     zookeeper: String,
-    nimbus: String,
     children: Vec<Child>,
 }
 
@@ -127,7 +126,7 @@ impl Cluster {
             ),
         )
         .unwrap();
-        Cluster { root, config, zookeeper, nimbus, children: Vec::new() }
+        Cluster { root, config, zookeeper, children: Vec::new() }
     }
 
     fn dir(&self, name: &str) -> PathBuf {
