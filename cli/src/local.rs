@@ -1,19 +1,39 @@
-//! `squall local <topology.yaml>`: run a topology in this process, with nothing else installed.
+//! `squall local <topology.yaml>`: a whole cluster in this process, with nothing else installed.
 //!
-//! For now this runs the topology's workers in-process (the worker crate's `LocalCluster`:
-//! every executor, acking and groupings as in a cluster, tuples passed in memory). Nimbus and a
-//! supervisor over the in-memory coordination backend join it once topology submission lands;
-//! the command line stays the same. Progress is printed while it runs, a summary when it stops
+//! Nimbus (its HTTP API on a loopback port), one supervisor and the topology's workers run in
+//! this process over the in-memory coordination backend (ZooKeeper's semantics, see
+//! `cluster_state::coord`); the topology is submitted through nimbus's API exactly as `squall
+//! submit` does, and the supervisor runs its workers in-process ([`InProcessLauncher`]) instead
+//! of as child processes. `--zookeeper` uses a real ZooKeeper instead.
+//!
+//! A topology with Kafka components whose `bootstrap_servers` is not set gets an embedded Kafka
+//! endpoint (librdkafka's mock cluster), its spout topics seeded with sample sentences and fed
+//! more while it runs; `--brokers` points them at real brokers instead.
+//!
+//! Progress is printed while it runs (from the workers' heartbeats), a summary when it stops
 //! (after `--duration`, or on Ctrl-C / SIGTERM).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use worker::{LocalCluster, Registry};
+use clap::Parser;
+use cluster_state::coord::{Ensemble, Session, SessionOptions};
+use cluster_state::ids::TopologyId;
+use cluster_state::layout::TaskLayout;
+use cluster_state::paths::StormPaths;
+use cluster_state::znode::{ExecutorStats, WorkerHeartbeat};
+use serde_json::json;
+use supervisor::launch::{LaunchError, Launcher, WorkerSpec};
+use tokio_util::sync::CancellationToken;
+use worker::Registry;
 
-/// Drain time for in-flight tuples when stopping (a graceful kill, as `kill -w`).
+use crate::client::NimbusClient;
+
+/// How long stopping workers may take (in-flight tuples drain meanwhile).
 const DRAIN: Duration = Duration::from_secs(5);
 
 /// `squall local` arguments.
@@ -27,6 +47,13 @@ pub struct LocalCommand {
     /// Seconds between progress lines (0: none).
     #[arg(long, value_name = "SECS", default_value_t = 2)]
     pub progress: u64,
+    /// Use this ZooKeeper (`host:port[/chroot]`) instead of the in-memory one.
+    #[arg(long)]
+    pub zookeeper: Option<String>,
+    /// Kafka brokers for Kafka components without `bootstrap_servers` (default: an embedded
+    /// mock cluster).
+    #[arg(long)]
+    pub brokers: Option<String>,
 }
 
 /// Per-component totals, summed over its executors.
@@ -38,27 +65,6 @@ struct Totals {
     failed: u64,
     /// Mean complete latency over the spout executors that report one.
     complete_ms: Option<f64>,
-}
-
-fn totals(cluster: &LocalCluster, components: &[(String, bool)]) -> BTreeMap<String, Totals> {
-    components
-        .iter()
-        .map(|(name, is_spout)| {
-            let stats: Vec<_> =
-                cluster.runtime().component_stats(name).iter().map(|s| s.snapshot()).collect();
-            let latencies: Vec<f64> =
-                stats.iter().map(|s| s.complete_latency_ms).filter(|&l| *is_spout && l > 0.0).collect();
-            let totals = Totals {
-                executors: stats.len(),
-                emitted: stats.iter().map(|s| s.emitted).sum(),
-                acked: stats.iter().map(|s| s.acked).sum(),
-                failed: stats.iter().map(|s| s.failed).sum(),
-                complete_ms: (!latencies.is_empty())
-                    .then(|| latencies.iter().sum::<f64>() / latencies.len() as f64),
-            };
-            (name.clone(), totals)
-        })
-        .collect()
 }
 
 /// One progress line: the spouts' totals and rates since the previous line.
@@ -106,34 +112,437 @@ fn summary_table(totals: &BTreeMap<String, Totals>, components: &[(String, bool)
     out
 }
 
+/// The Kafka component classes that need brokers.
+const KAFKA_SPOUT: &str = "kafka-spout";
+const KAFKA_BOLT: &str = "kafka-bolt";
+
+/// Topics the file's Kafka components use (spout topics, bolt topics), and whether any of them
+/// lacks `bootstrap_servers`; those get `brokers` written in. Returns the text to submit.
+fn fill_brokers(
+    text: &str,
+    brokers: impl FnOnce(&[String], &[String]) -> Result<String, String>,
+) -> Result<String, String> {
+    let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+    let (mut spout_topics, mut bolt_topics, mut missing) = (Vec::new(), Vec::new(), false);
+    for section in ["spouts", "bolts"] {
+        for c in doc.get(section).and_then(|v| v.as_sequence()).into_iter().flatten() {
+            let class = c.get("className").and_then(|v| v.as_str()).unwrap_or_default();
+            if class != KAFKA_SPOUT && class != KAFKA_BOLT {
+                continue;
+            }
+            let params = c.get("params");
+            missing |= params.and_then(|p| p.get("bootstrap_servers")).is_none();
+            if class == KAFKA_SPOUT {
+                let topics = params.and_then(|p| p.get("topics")).and_then(|t| t.as_sequence());
+                spout_topics
+                    .extend(topics.into_iter().flatten().filter_map(|t| t.as_str().map(str::to_owned)));
+            } else if let Some(topic) = params.and_then(|p| p.get("topic")).and_then(|t| t.as_str()) {
+                bolt_topics.push(topic.to_owned());
+            }
+        }
+    }
+    if !missing {
+        return Ok(text.to_owned());
+    }
+    let servers = brokers(&spout_topics, &bolt_topics)?;
+    for section in ["spouts", "bolts"] {
+        let Some(list) = doc.get_mut(section).and_then(|v| v.as_sequence_mut()) else { continue };
+        for c in list {
+            let class = c.get("className").and_then(|v| v.as_str()).unwrap_or_default().to_owned();
+            if class != KAFKA_SPOUT && class != KAFKA_BOLT {
+                continue;
+            }
+            let Some(map) = c.as_mapping_mut() else { continue };
+            let params = map
+                .entry("params".into())
+                .or_insert_with(|| serde_yaml_ng::Value::Mapping(Default::default()));
+            if params.is_null() {
+                *params = serde_yaml_ng::Value::Mapping(Default::default());
+            }
+            if let Some(p) = params.as_mapping_mut() {
+                p.entry("bootstrap_servers".into()).or_insert_with(|| servers.clone().into());
+            }
+        }
+    }
+    serde_yaml_ng::to_string(&doc).map_err(|e| e.to_string())
+}
+
+/// librdkafka's mock cluster, with the spout topics fed sample sentences while it lives.
+struct EmbeddedKafka {
+    cluster: rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    stop: Arc<AtomicBool>,
+    feeder: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Partitions of each embedded topic.
+const EMBEDDED_PARTITIONS: i32 = 4;
+/// Sentences written before the topology starts, and per second while it runs.
+const SEED_SENTENCES: u64 = 1000;
+const FEED_PER_SEC: u64 = 20;
+
+impl EmbeddedKafka {
+    fn start(spout_topics: &[String], bolt_topics: &[String]) -> Result<EmbeddedKafka, String> {
+        use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+        let cluster = rdkafka::mocking::MockCluster::new(1)
+            .map_err(|e| format!("cannot start the embedded Kafka: {e}"))?;
+        for topic in spout_topics.iter().chain(bolt_topics) {
+            cluster
+                .create_topic(topic, EMBEDDED_PARTITIONS, 1)
+                .map_err(|e| format!("embedded Kafka: cannot create topic {topic}: {e}"))?;
+        }
+        let producer: BaseProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .set("linger.ms", "5")
+            .create()
+            .map_err(|e| format!("embedded Kafka: cannot create a producer: {e}"))?;
+        let topics = spout_topics.to_vec();
+        let stop = Arc::new(AtomicBool::new(false));
+        let feeding = stop.clone();
+        let feeder = std::thread::Builder::new()
+            .name("embedded-kafka-feed".into())
+            .spawn(move || {
+                let send = |k: u64| {
+                    let sentence = worker::builtin::reference_sentence(k);
+                    for topic in &topics {
+                        let key = k.to_string();
+                        let _ = producer.send(BaseRecord::to(topic).key(&key).payload(&sentence));
+                    }
+                    producer.poll(Duration::ZERO);
+                };
+                (0..SEED_SENTENCES).for_each(send);
+                let _ = producer.flush(Duration::from_secs(10));
+                let mut k = SEED_SENTENCES;
+                while !feeding.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(1000 / FEED_PER_SEC));
+                    send(k);
+                    k += 1;
+                }
+                let _ = producer.flush(Duration::from_secs(5));
+            })
+            .map_err(|e| format!("embedded Kafka: cannot start the feeder: {e}"))?;
+        Ok(EmbeddedKafka { cluster, stop, feeder: Some(feeder) })
+    }
+}
+
+impl Drop for EmbeddedKafka {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(feeder) = self.feeder.take() {
+            let _ = feeder.join();
+        }
+    }
+}
+
+/// Runs the supervisor's workers as tasks of this process: the same `squall worker` arguments
+/// the supervisor would give a child process, parsed and run by `worker::process::run` over this
+/// process's ensemble. A "pid" is a number of this launcher's.
+pub struct InProcessLauncher {
+    registry: Registry,
+    ensemble: Ensemble,
+    runtime: tokio::runtime::Handle,
+    next_pid: AtomicU32,
+    workers: Mutex<HashMap<u32, (CancellationToken, Arc<AtomicBool>)>>,
+}
+
+impl std::fmt::Debug for InProcessLauncher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InProcessLauncher").field("workers", &self.workers().len()).finish_non_exhaustive()
+    }
+}
+
+/// The worker's arguments, as the supervisor writes them after the program name.
+#[derive(Debug, Parser)]
+#[command(name = "worker")]
+struct WorkerArgsOnly {
+    #[command(flatten)]
+    worker: worker::cli::WorkerCommand,
+}
+
+impl InProcessLauncher {
+    pub fn new(registry: Registry, ensemble: Ensemble, runtime: tokio::runtime::Handle) -> Self {
+        InProcessLauncher {
+            registry,
+            ensemble,
+            runtime,
+            next_pid: AtomicU32::new(1),
+            workers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn workers(&self) -> std::sync::MutexGuard<'_, HashMap<u32, (CancellationToken, Arc<AtomicBool>)>> {
+        self.workers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stops every worker and waits (bounded) until they have finished.
+    pub async fn stop_all(&self, within: Duration) {
+        let running: Vec<Arc<AtomicBool>> = self
+            .workers()
+            .values()
+            .map(|(stop, done)| {
+                stop.cancel();
+                done.clone()
+            })
+            .collect();
+        let deadline = tokio::time::Instant::now() + within;
+        while running.iter().any(|d| !d.load(Ordering::Acquire)) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Launcher for InProcessLauncher {
+    fn launch(&self, spec: &WorkerSpec) -> Result<u32, LaunchError> {
+        let failed = |reason: String| LaunchError::Spawn {
+            worker_id: spec.worker_id.clone(),
+            program: spec.program.clone(),
+            source: std::io::Error::other(reason),
+        };
+        // The supervisor's arguments start with the verb, `worker`.
+        let args =
+            WorkerArgsOnly::try_parse_from(spec.args.iter()).map_err(|e| failed(e.to_string()))?.worker;
+        let topology = self.registry.load_file(&args.topology_file).map_err(|e| failed(e.to_string()))?;
+        let paths = StormPaths::new(&args.storm_root).map_err(|e| failed(e.to_string()))?;
+        let worker_args = worker::process::WorkerArgs {
+            topology_id: args.topology_id,
+            supervisor_id: args.supervisor_id,
+            port: args.port,
+            worker_id: args.worker_id,
+            local_dir: args.local_dir,
+            hostname: args.hostname.unwrap_or_else(|| "127.0.0.1".to_owned()),
+        };
+        // Heartbeats every second, so progress lines are fresh.
+        let config = worker::process::WorkerConfig {
+            bind_host: args.bind_host,
+            zk_heartbeat_frequency_secs: 1,
+            shutdown_drain_ms: DRAIN.as_millis() as u64 / 2,
+            ..Default::default()
+        };
+        let pid = self.next_pid.fetch_add(1, Ordering::Relaxed);
+        let (stop, done) = (CancellationToken::new(), Arc::new(AtomicBool::new(false)));
+        self.workers().insert(pid, (stop.clone(), done.clone()));
+        let ensemble = self.ensemble.clone();
+        let worker_id = spec.worker_id.clone();
+        self.runtime.spawn(async move {
+            // Each worker its own registry: the same metric names, one set per worker.
+            let metrics = prometheus::Registry::new();
+            if let Err(e) =
+                worker::process::run(worker_args, config, topology, ensemble, paths, &metrics, stop).await
+            {
+                tracing::warn!(worker = %worker_id, "worker stopped: {e}");
+            }
+            done.store(true, Ordering::Release);
+        });
+        Ok(pid)
+    }
+
+    fn is_running(&self, pid: u32) -> bool {
+        self.workers().get(&pid).is_some_and(|(_, done)| !done.load(Ordering::Acquire))
+    }
+
+    fn terminate(&self, pid: u32) -> Result<(), LaunchError> {
+        if let Some((stop, _)) = self.workers().get(&pid) {
+            stop.cancel();
+        }
+        Ok(())
+    }
+
+    fn force_kill(&self, pid: u32) -> Result<(), LaunchError> {
+        // A task cannot be killed harder than cancelled; its shutdown is bounded by the drain.
+        self.terminate(pid)
+    }
+
+    fn adopt(&self, _pid: u32, _worker_id: &str) -> bool {
+        false
+    }
+}
+
+/// Totals per component from the workers' heartbeats.
+async fn read_totals(
+    session: &Session,
+    paths: &StormPaths,
+    id: &TopologyId,
+    layout: &TaskLayout,
+    components: &[(String, bool)],
+) -> BTreeMap<String, Totals> {
+    let dir = paths.workerbeats_topology(id);
+    let mut stats: BTreeMap<String, Vec<ExecutorStats>> = BTreeMap::new();
+    for child in session.children(&dir).await.unwrap_or_default() {
+        let path = cluster_state::coord::join(&dir, &child);
+        let Ok((beat, _)) = session.read::<WorkerHeartbeat>(&path).await else { continue };
+        for s in beat.executor_stats {
+            if let Some(component) = layout.task_component.get(&s.executor.start_task()) {
+                stats.entry(component.to_string()).or_default().push(s);
+            }
+        }
+    }
+    components
+        .iter()
+        .map(|(name, is_spout)| {
+            let stats = stats.get(name).map(Vec::as_slice).unwrap_or_default();
+            let latencies: Vec<f64> =
+                stats.iter().map(|s| s.complete_latency_ms).filter(|&l| *is_spout && l > 0.0).collect();
+            let totals = Totals {
+                executors: stats.len(),
+                emitted: stats.iter().map(|s| s.emitted).sum(),
+                acked: stats.iter().map(|s| s.acked).sum(),
+                failed: stats.iter().map(|s| s.failed).sum(),
+                complete_ms: (!latencies.is_empty())
+                    .then(|| latencies.iter().sum::<f64>() / latencies.len() as f64),
+            };
+            (name.clone(), totals)
+        })
+        .collect()
+}
+
 /// Runs the command; the error is a message for the user (naming the file and what is wrong).
-pub fn execute(cmd: LocalCommand, registry: &Registry) -> Result<(), String> {
-    let topology =
-        registry.load_file(&cmd.topology).map_err(|e| format!("{}: {e}", cmd.topology.display()))?;
+pub fn execute(cmd: LocalCommand) -> Result<(), String> {
+    let named = |e: String| format!("{}: {e}", cmd.topology.display());
+    let text = std::fs::read_to_string(&cmd.topology).map_err(|e| named(e.to_string()))?;
+    let mut kafka = None;
+    let text = fill_brokers(&text, |spout_topics, bolt_topics| match &cmd.brokers {
+        Some(brokers) => Ok(brokers.clone()),
+        None => {
+            let embedded = EmbeddedKafka::start(spout_topics, bolt_topics)?;
+            let servers = embedded.cluster.bootstrap_servers();
+            eprintln!(
+                "squall local: embedded Kafka at {servers} (topics {}), seeded with {SEED_SENTENCES} sentences, \
+                 {FEED_PER_SEC} more per second",
+                spout_topics.iter().chain(bolt_topics).cloned().collect::<Vec<_>>().join(", ")
+            );
+            kafka = Some(embedded);
+            Ok(servers)
+        }
+    })
+    .map_err(named)?;
+
+    let ensemble = match &cmd.zookeeper {
+        Some(connect) => Ensemble::zookeeper(connect.clone()),
+        None => Ensemble::in_memory(),
+    };
+    let mut registry = Registry::with_builtins();
+    let kafka_metrics = prometheus::Registry::new();
+    let mut env = kafka_spout::SpoutEnv::register(&kafka_metrics).map_err(|e| e.to_string())?;
+    env.ensemble = Some(ensemble.clone());
+    let bolt_metrics = kafka_spout::BoltMetrics::register(&kafka_metrics).map_err(|e| e.to_string())?;
+    kafka_spout::register_with(&mut registry, env, bolt_metrics);
+
+    // Everything a worker would refuse is refused here, naming the file and line.
+    let topology = registry.load_str(&text).map_err(|e| named(e.to_string()))?;
+    let layout = TaskLayout::compute(&topology.component_parallelism());
     let mut components: Vec<(String, bool)> =
         topology.components().iter().map(|(id, spec)| (id.to_string(), spec.is_spout())).collect();
     // Spouts first, then bolts, each by name: the order data flows in, roughly.
     components.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let workers = topology.config().workers;
     let executors: u32 = topology.component_executors().values().sum();
     eprintln!(
-        "squall local: running topology {} ({} components, {executors} executors, {} workers in this \
-         process){}",
+        "squall local: running topology {} ({} components, {executors} executors, {workers} workers) on \
+         nimbus and one supervisor in this process{}",
         topology.name(),
         components.len(),
-        topology.config().workers,
         match cmd.duration {
             Some(secs) => format!(" for {secs} s"),
             None => "; Ctrl-C to stop".to_owned(),
         }
     );
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    let cluster = LocalCluster::start(topology).map_err(|e| format!("cannot start the topology: {e}"))?;
-    let started = Instant::now();
-    runtime.block_on(async {
+    let dir = tempfile::Builder::new()
+        .prefix("squall-local-")
+        .tempdir()
+        .map_err(|e| format!("cannot create a local dir: {e}"))?;
+    let result = runtime.block_on(run_cluster(
+        &cmd,
+        &text,
+        registry,
+        ensemble,
+        dir.path(),
+        workers,
+        &layout,
+        &components,
+    ));
+    drop(kafka);
+    result
+}
+
+/// Free loopback ports for the supervisor's slots.
+fn free_ports(n: u32) -> Result<Vec<u16>, String> {
+    let listeners: Vec<std::net::TcpListener> = (0..n.max(1))
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("cannot find a free port: {e}"))?;
+    listeners.iter().map(|l| l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())).collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_cluster(
+    cmd: &LocalCommand,
+    text: &str,
+    registry: Registry,
+    ensemble: Ensemble,
+    dir: &std::path::Path,
+    workers: u32,
+    layout: &TaskLayout,
+    components: &[(String, bool)],
+) -> Result<(), String> {
+    let shutdown = CancellationToken::new();
+    let listener =
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| format!("cannot listen: {e}"))?;
+    let nimbus_address = listener.local_addr().map_err(|e| e.to_string())?.to_string();
+    let nimbus_config = nimbus::NimbusConfig {
+        local_dir: dir.join("nimbus"),
+        monitor_freq_secs: 1,
+        http_host: "127.0.0.1".into(),
+        ..Default::default()
+    };
+    let metrics = prometheus::Registry::new();
+    let nimbus = tokio::spawn({
+        let (ensemble, shutdown) = (ensemble.clone(), shutdown.clone());
+        async move { nimbus::serve(nimbus_config, listener, ensemble, &metrics, shutdown).await }
+    });
+    let supervisor_config = supervisor::daemon::SupervisorConfig {
+        local_dir: dir.join("supervisor"),
+        slots_ports: free_ports(workers)?,
+        monitor_frequency_secs: 1,
+        heartbeat_frequency_secs: 1,
+        worker_shutdown_sleep_secs: DRAIN.as_secs(),
+        nimbus_address: nimbus_address.clone(),
+        hostname: Some("127.0.0.1".into()),
+        ..Default::default()
+    };
+    let launcher =
+        Arc::new(InProcessLauncher::new(registry, ensemble.clone(), tokio::runtime::Handle::current()));
+    let launch = supervisor::daemon::WorkerLaunch {
+        squall: std::env::current_exe().map_err(|e| format!("cannot find the squall executable: {e}"))?,
+        zookeeper: cmd.zookeeper.clone().unwrap_or_else(|| "in-memory".to_owned()),
+    };
+    let supervisor = tokio::spawn(supervisor::daemon::run(
+        supervisor_config,
+        ensemble.clone(),
+        launcher.clone(),
+        launch,
+        shutdown.clone(),
+    ));
+
+    let outcome = async {
+        let client = NimbusClient::new(nimbus_address, None);
+        let upload = submit_when_up(&client, text).await?;
+        let submitted = client
+            .post("/api/v1/topology/submit", &json!({"topologyUpload": upload, "owner": "local"}))
+            .await
+            .map_err(|e| e.to_string())?;
+        let id: TopologyId = submitted["id"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("nimbus answered the submit without an id: {submitted}"))?;
+        eprintln!("squall local: submitted as {id}");
+        let session = ensemble.connect(&SessionOptions::default()).await.map_err(|e| e.to_string())?;
+        let paths = StormPaths::default();
+        let started = Instant::now();
         let stop = async {
             match cmd.duration {
                 Some(secs) => tokio::time::sleep(Duration::from_secs(secs)).await,
@@ -151,25 +560,50 @@ pub fn execute(cmd: LocalCommand, registry: &Registry) -> Result<(), String> {
                 _ = tokio::signal::ctrl_c() => break,
                 Some(()) = async { match terminate.as_mut() { Some(t) => t.recv().await, None => None } } => break,
                 _ = tick.tick() => {
-                    for error in cluster.take_errors() {
-                        eprintln!("error in {} (task {}): {}", error.component, error.task, error.error);
-                    }
                     if cmd.progress > 0 {
-                        let now = totals(&cluster, &components);
-                        eprintln!("{}", progress_line(started.elapsed(), &now, &before, last.elapsed(), &components));
+                        let now = read_totals(&session, &paths, &id, layout, components).await;
+                        eprintln!("{}", progress_line(started.elapsed(), &now, &before, last.elapsed(), components));
                         (before, last) = (now, Instant::now());
                     }
                 }
             }
         }
-    });
+        let totals = read_totals(&session, &paths, &id, layout, components).await;
+        let errors = client.get(&format!("/api/v1/topology/{id}/errors")).await.ok();
+        let _ = session.close().await;
+        Ok::<_, String>((started.elapsed(), totals, errors))
+    }
+    .await;
 
     eprintln!("squall local: stopping (draining in-flight tuples for up to {} s)", DRAIN.as_secs());
-    let final_totals = totals(&cluster, &components);
-    let ran = started.elapsed();
-    cluster.shutdown(DRAIN);
-    eprintln!("squall local: ran {:.1} s\n{}", ran.as_secs_f64(), summary_table(&final_totals, &components));
+    shutdown.cancel();
+    let _ = supervisor.await;
+    launcher.stop_all(DRAIN).await;
+    let _ = nimbus.await;
+    let (ran, totals, errors) = outcome?;
+    for e in errors.iter().flat_map(|v| v["errors"].as_array().cloned().unwrap_or_default()) {
+        eprintln!(
+            "error in {}: {}",
+            e["component"].as_str().unwrap_or("?"),
+            e["error"].as_str().unwrap_or("?")
+        );
+    }
+    eprintln!("squall local: ran {:.1} s\n{}", ran.as_secs_f64(), summary_table(&totals, components));
     Ok(())
+}
+
+/// Uploads the topology once nimbus answers (it starts alongside).
+async fn submit_when_up(client: &NimbusClient, text: &str) -> Result<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match client.upload(text.as_bytes(), |_| {}).await {
+            Ok(id) => return Ok(id),
+            Err(crate::client::ClientError::Unreachable { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
 }
 
 #[cfg(test)]

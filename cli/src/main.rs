@@ -56,14 +56,16 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // `squall local` prints its own progress; the daemons' info logs would drown it.
+    let default_level = if matches!(cli.command, Some(Command::Local(_))) { "warn" } else { "info" };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_level.into()),
         )
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
-        Some(Command::Local(cmd)) => report("local", components().and_then(|c| local::execute(cmd, &c))),
+        Some(Command::Local(cmd)) => report("local", local::execute(cmd)),
         Some(Command::Nimbus(args)) => report("nimbus", daemons::nimbus(args)),
         Some(Command::Supervisor(args)) => report("supervisor", daemons::supervisor(args)),
         Some(Command::Worker(cmd)) => report(

@@ -1,5 +1,7 @@
-//! `squall local`: the README's main job runs with nothing installed and prints counts; a bad
-//! topology file is refused with the file, line and element named.
+//! `squall local`: the README's main job runs with nothing installed (nimbus, a supervisor and
+//! the workers in one process over in-memory coordination) and prints counts; the Kafka word
+//! count runs on the embedded Kafka; a bad topology file is refused with the file, line and
+//! element named.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -37,6 +39,23 @@ fn wordcount_example_runs_and_prints_counts_and_a_summary() {
     assert_eq!(sentences[0], "sentences");
     let acked: u64 = sentences[3].parse().unwrap();
     assert!(acked > 0, "{stderr}");
+}
+
+#[test]
+fn kafka_wordcount_runs_on_the_embedded_kafka() {
+    let out = squall()
+        .args(["local", &example("kafka-wordcount.yaml"), "--duration", "4", "--progress", "1"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stderr: {stderr}");
+    assert!(stderr.contains("embedded Kafka at"), "{stderr}");
+    assert!(stdout.lines().any(|l| l.starts_with("squall\t")), "no counts printed; stderr: {stderr}");
+    let kafka: Vec<&str> =
+        stderr.lines().find(|l| l.starts_with("kafka ")).unwrap().split_whitespace().collect();
+    let (emitted, acked): (u64, u64) = (kafka[2].parse().unwrap(), kafka[3].parse().unwrap());
+    assert!(acked > 0 && acked <= emitted, "{stderr}");
 }
 
 #[test]

@@ -76,7 +76,7 @@ fn topology(acking: bool, count: Option<u64>, rate: Option<f64>) -> worker::Topo
     b.set_spout("sentences", 1, move || {
         SentenceSpout::new(SentenceParams { count, rate_per_sec: rate, ..SentenceParams::default() })
     });
-    b.set_bolt("split", 1, || SplitSentence).shuffle_grouping("sentences");
+    b.set_bolt("split", 1, SplitSentence::default).shuffle_grouping("sentences");
     b.set_bolt("count", 1, || WordCount::new(WordCountParams { emit: false }))
         .fields_grouping("split", ["word"]);
     match b.build() {

@@ -184,9 +184,27 @@ impl Spout for SentenceSpout {
     }
 }
 
-/// Splits field 0 (a sentence) on spaces into `word` tuples, anchored, then acks.
+/// Parameters of [`SplitSentence`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SplitParams {
+    /// The field holding the sentence (text, or UTF-8 bytes such as a Kafka message's `value`);
+    /// default: the first field.
+    pub field: Option<String>,
+}
+
+/// Splits a sentence on spaces into `word` tuples, anchored, then acks. A tuple without the
+/// field, or whose sentence is not text, is acked and emits nothing.
 #[derive(Debug, Default)]
-pub struct SplitSentence;
+pub struct SplitSentence {
+    params: SplitParams,
+}
+
+impl SplitSentence {
+    pub fn new(params: SplitParams) -> Self {
+        SplitSentence { params }
+    }
+}
 
 impl Bolt for SplitSentence {
     fn declare_outputs(&self, declarer: &mut OutputDeclarer) {
@@ -194,7 +212,13 @@ impl Bolt for SplitSentence {
     }
 
     fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
-        if let Some(sentence) = input.get_str(0) {
+        let value = match &self.params.field {
+            Some(name) => input.get_by_field(name),
+            None => input.get(0),
+        };
+        let sentence =
+            value.and_then(|v| v.as_str().or_else(|| v.as_bytes().and_then(|b| std::str::from_utf8(b).ok())));
+        if let Some(sentence) = sentence {
             for word in sentence.split(' ').filter(|w| !w.is_empty()) {
                 out.emit(&[input], vec![Value::from(word)])?;
             }

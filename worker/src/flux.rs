@@ -38,8 +38,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::builtin::{
-    Filter, FilterParams, LogSink, SentenceParams, SentenceSpout, SplitSentence, StdoutSink, WordCount,
-    WordCountParams,
+    Filter, FilterParams, LogSink, SentenceParams, SentenceSpout, SplitParams, SplitSentence, StdoutSink,
+    WordCount, WordCountParams,
 };
 use crate::component::{Bolt, BoltFactory, Spout, SpoutFactory};
 use crate::config::TopologyConfig;
@@ -98,8 +98,8 @@ impl Registry {
             Ok(Arc::new(move || Box::new(SentenceSpout::new(params.clone())) as Box<dyn Spout>))
         });
         r.register_bolt("split-sentence", |p| {
-            no_params(p)?;
-            Ok(Arc::new(|| Box::new(SplitSentence) as Box<dyn Bolt>))
+            let params: SplitParams = parse_params(p)?;
+            Ok(Arc::new(move || Box::new(SplitSentence::new(params.clone())) as Box<dyn Bolt>))
         });
         r.register_bolt("word-count", |p| {
             let params: WordCountParams = parse_params(p)?;

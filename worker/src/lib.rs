@@ -33,7 +33,7 @@
 //! builder.set_spout("sentences", 1, || {
 //!     SentenceSpout::new(SentenceParams { count: Some(100), ..SentenceParams::default() })
 //! });
-//! builder.set_bolt("split", 2, || SplitSentence).shuffle_grouping("sentences");
+//! builder.set_bolt("split", 2, SplitSentence::default).shuffle_grouping("sentences");
 //! builder.set_bolt("count", 2, WordCount::default).fields_grouping("split", ["word"]);
 //! let topology = builder.build()?;
 //!

@@ -544,7 +544,7 @@ mod tests {
     fn table() -> StreamTable {
         let mut b = TopologyBuilder::new("t");
         b.set_spout("s", 1, || crate::builtin::SentenceSpout::new(crate::builtin::SentenceParams::default()));
-        b.set_bolt("split", 1, || SplitSentence).shuffle_grouping("s");
+        b.set_bolt("split", 1, SplitSentence::default).shuffle_grouping("s");
         b.set_bolt("count", 1, WordCount::default).fields_grouping("split", ["word"]);
         StreamTable::new(&b.build().unwrap())
     }

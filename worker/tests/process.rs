@@ -36,7 +36,7 @@ fn wordcount(workers: u32) -> Topology {
     b.set_spout("sentences", 1, || {
         SentenceSpout::new(SentenceParams { rate_per_sec: Some(2000.0), ..SentenceParams::default() })
     });
-    b.set_bolt("split", 2, || SplitSentence).shuffle_grouping("sentences");
+    b.set_bolt("split", 2, SplitSentence::default).shuffle_grouping("sentences");
     b.set_bolt("count", 2, WordCount::default).fields_grouping("split", ["word"]);
     b.build().unwrap()
 }
