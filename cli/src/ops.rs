@@ -201,9 +201,9 @@ pub fn list_table(summary: &Value) -> String {
             "{:<24} {:<12} {:<10} {:<12} {}\n",
             t["name"].as_str().unwrap_or("?"),
             t["status"].as_str().unwrap_or("?"),
-            t["tasksTotal"],
-            t["workersTotal"],
-            t["uptimeSeconds"],
+            t["tasksTotal"].to_string(),
+            t["workersTotal"].to_string(),
+            t["uptimeSeconds"].to_string(),
         ));
     }
     out
@@ -325,6 +325,7 @@ mod tests {
         ]}));
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].starts_with("Topology_name") && lines[0].contains("Num_workers"));
+        assert_eq!(lines[2].find('9'), lines[0].find("Num_tasks"), "columns line up: {table}");
         let row: Vec<&str> = lines[2].split_whitespace().collect();
         assert_eq!(row, ["wordcount", "ACTIVE", "9", "2", "61"]);
     }

@@ -380,3 +380,57 @@ async fn a_supervisor_with_a_corrupt_state_file_starts_and_registers() {
     // The state file was rebuilt: it is valid again (a restart reads it without complaint).
     assert_ne!(std::fs::read(&state).unwrap(), b"\x00\x01 not a supervisor state \xff");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deploy_script_starts_and_stops_a_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().display().to_string();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/local-cluster.sh");
+    let nimbus_port = free_port();
+    let env = [
+        ("SQUALL", SQUALL.to_owned()),
+        ("ZK_PORT", free_port().to_string()),
+        ("NIMBUS_PORT", nimbus_port.to_string()),
+        ("SLOTS_A", format!("{},{}", free_port(), free_port())),
+        ("SLOTS_B", format!("{},{}", free_port(), free_port())),
+    ];
+    let run = |verb: &str| {
+        let out = Command::new("bash").arg(&script).args([verb, &marker]).envs(env.clone()).output().unwrap();
+        assert!(out.status.success(), "{verb}: {}", text(&out));
+        text(&out)
+    };
+    struct Stop<'a>(&'a dyn Fn(&str) -> String);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            (self.0)("stop");
+        }
+    }
+    let started = run("start");
+    let _stop = Stop(&run);
+    assert!(started.contains("started nimbus") && started.contains("started supervisor-b"), "{started}");
+    let nimbus = format!("127.0.0.1:{nimbus_port}");
+    eventually(60, "two supervisors in the cluster summary", || async {
+        let out = Command::new(SQUALL).args(["list", "--nimbus", &nimbus]).output().unwrap();
+        let client = squall_summary(&nimbus).await?;
+        (out.status.success() && client.contains("\"supervisors\":2")).then_some(())
+    })
+    .await;
+    assert!(run("status").contains("supervisor-a: running"));
+    drop(_stop);
+    let status = run("status");
+    assert!(status.contains("nimbus: stopped") && status.contains("zookeeper: stopped"), "{status}");
+    eventually(10, "every process of the cluster to exit", || async {
+        pids_mentioning(&marker).is_empty().then_some(())
+    })
+    .await;
+}
+
+/// nimbus's cluster summary, raw, over a plain HTTP/1.0 request.
+async fn squall_summary(nimbus: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(nimbus).await.ok()?;
+    stream.write_all(b"GET /api/v1/cluster/summary HTTP/1.0\r\nHost: n\r\n\r\n").await.ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.ok()?;
+    Some(body)
+}
