@@ -203,7 +203,7 @@ pub fn list_table(summary: &Value) -> String {
             t["status"].as_str().unwrap_or("?"),
             t["tasksTotal"].to_string(),
             t["workersTotal"].to_string(),
-            t["uptimeSeconds"].to_string(),
+            t["uptimeSeconds"],
         ));
     }
     out
