@@ -747,3 +747,90 @@ async fn leftovers_of_topologies_without_a_base_record_are_cleaned_up() {
     assert_eq!(nimbus.transitions.cleanup_orphans().await.unwrap(), vec![]);
     nimbus.stop().await;
 }
+
+/// Uploads `data` through the API; returns the upload id.
+async fn upload(nimbus: &Nimbus, data: &[u8]) -> String {
+    let begun =
+        nimbus.request("POST", "/api/v1/uploads", format!("{{\"size\":{}}}", data.len()).as_bytes()).await;
+    let id = begun.json()["uploadId"].as_str().unwrap().to_owned();
+    assert_eq!(nimbus.request("POST", &format!("/api/v1/uploads/{id}/chunks/0"), data).await.status, 200);
+    let finish = format!("{{\"sha256\":\"{}\"}}", sha256_hex(data));
+    assert_eq!(
+        nimbus.request("POST", &format!("/api/v1/uploads/{id}/finish"), finish.as_bytes()).await.status,
+        200
+    );
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_writes_base_heartbeat_dir_code_and_first_assignment() {
+    let ensemble = Ensemble::in_memory();
+    let dir = tempfile::tempdir().unwrap();
+    let nimbus = Nimbus::start(&ensemble, dir.path(), ApiConfig::default()).await;
+    let paths = StormPaths::default();
+    // A live supervisor with three ports.
+    seed(nimbus.session(), nimbus.transitions.code()).await;
+    nimbus.transitions.remove(&id(), None).await.unwrap();
+
+    let file = TOPOLOGY_FILE.replace("name: wc", "name: counter");
+    let topology = upload(&nimbus, file.as_bytes()).await;
+    let body = format!(r#"{{"topologyUpload":"{topology}","inactive":true,"owner":"alice"}}"#);
+    let reply = nimbus.request("POST", "/api/v1/topology/submit", body.as_bytes()).await;
+    assert_eq!(reply.status, 201, "{}", String::from_utf8_lossy(&reply.body));
+    let submitted = reply.json();
+    let id: TopologyId = submitted["id"].as_str().unwrap().parse().unwrap();
+    assert_eq!((id.name(), submitted["status"].as_str()), ("counter", Some("inactive")));
+    let (base, _) = nimbus.session().read::<StormBase>(&paths.storm(&id)).await.unwrap();
+    assert_eq!((base.status, base.num_workers, base.owner.as_str()), (TopologyStatus::Inactive, 2, "alice"));
+    assert_eq!(base.component_executors, [(comp("count"), 1), (comp("split"), 2)].into_iter().collect());
+    assert!(nimbus.session().exists(&paths.workerbeats_topology(&id)).await.unwrap().is_some());
+    assert_eq!(
+        std::fs::read(dir.path().join("stormdist").join(id.as_str()).join("topology.yaml")).unwrap(),
+        file.as_bytes()
+    );
+    let (assignment, _) = nimbus.session().read::<Assignment>(&paths.assignment(&id)).await.unwrap();
+    assert_eq!(assignment.executors.len(), 3);
+    assert_eq!(assignment.slots().len(), 2, "topology.workers slots");
+
+    // The same name again: refused while the first runs; nothing new is written.
+    let again = upload(&nimbus, file.as_bytes()).await;
+    let body = format!(r#"{{"topologyUpload":"{again}"}}"#);
+    nimbus
+        .request("POST", "/api/v1/topology/submit", body.as_bytes())
+        .await
+        .assert_error(409, "already running");
+    assert_eq!(nimbus.session().children(&paths.storms_dir()).await.unwrap(), vec![id.to_string()]);
+    nimbus.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_submits_are_refused_naming_what_is_wrong_and_write_nothing() {
+    let ensemble = Ensemble::in_memory();
+    let dir = tempfile::tempdir().unwrap();
+    let nimbus = Nimbus::start(&ensemble, dir.path(), ApiConfig::default()).await;
+    let bad_file = upload(&nimbus, b"name: t\nbolts: [{id: b, parallelism: 0}]\n").await;
+    let not_text = upload(&nimbus, b"name: \xff\xfe").await;
+    let cases: Vec<(String, u16, &str)> = vec![
+        ("{}".into(), 400, "topologyUpload"),
+        (r#"{"topologyUpload": 7}"#.into(), 400, "topologyUpload"),
+        (r#"{"topologyUpload": "../../etc"}"#.into(), 400, "upload id"),
+        (r#"{"topologyUpload": "00000000-0000-4000-8000-000000000000"}"#.into(), 404, "upload"),
+        (
+            format!(r#"{{"topologyUpload": "{bad_file}"}}"#),
+            400,
+            "bolts[0] \"b\": parallelism must be at least 1",
+        ),
+        (format!(r#"{{"topologyUpload": "{not_text}"}}"#), 400, "not UTF-8"),
+        (format!(r#"{{"topologyUpload": "{bad_file}", "inactive": "yes"}}"#), 400, "inactive"),
+        (format!(r#"{{"topologyUpload": "{bad_file}", "workerUpload": "nope"}}"#), 400, "upload id"),
+        ("[1]".into(), 400, "JSON object"),
+    ];
+    for (body, status, says) in cases {
+        nimbus.request("POST", "/api/v1/topology/submit", body.as_bytes()).await.assert_error(status, says);
+    }
+    assert!(
+        nimbus.session().children(&StormPaths::default().storms_dir()).await.unwrap_or_default().is_empty()
+    );
+    assert_eq!(std::fs::read_dir(dir.path().join("stormdist")).unwrap().count(), 0, "no code installed");
+    nimbus.stop().await;
+}
