@@ -14,6 +14,8 @@
 //! - [`layout`]: Storm's task ids and executors, computed the same way by nimbus and workers.
 //! - [`structure`]: a topology's name, workers and executor / task counts, read from its
 //!   Flux YAML without resolving classes (what nimbus schedules with).
+//! - [`metrics`]: the `/metrics` endpoint every process serves, and the coordination client's
+//!   metrics (request latency, session state).
 //! - [`coord`]: the coordination client every other crate uses, with two backends of the same
 //!   semantics: real ZooKeeper (`zookeeper-client`) and an in-memory ensemble for
 //!   `squall local` and fast tests. One conformance suite holds both to the same behaviour.
@@ -22,6 +24,7 @@ pub mod code;
 pub mod coord;
 pub mod ids;
 pub mod layout;
+pub mod metrics;
 pub mod paths;
 pub mod structure;
 pub mod znode;

@@ -314,7 +314,7 @@ impl Ensemble {
             }
             Ensemble::Memory(ensemble) => Backend::Memory(ensemble.connect(options)?),
         };
-        Ok(Session { backend })
+        Ok(Session { backend, metrics: None })
     }
 
     /// Re-attaches to a live session (a fast reconnect after a crash, within the timeout).
@@ -338,7 +338,7 @@ impl Ensemble {
                 });
             }
         };
-        Ok(Session { backend })
+        Ok(Session { backend, metrics: None })
     }
 }
 
@@ -347,6 +347,8 @@ impl Ensemble {
 #[derive(Debug)]
 pub struct Session {
     backend: Backend,
+    /// Request latency and state, when [`Session::instrument`]ed.
+    pub(crate) metrics: Option<crate::metrics::CoordMetrics>,
 }
 
 #[derive(Debug)]
@@ -357,12 +359,17 @@ enum Backend {
 
 /// Dispatches a call to the backend; both backends have methods of the same names.
 macro_rules! dispatch {
-    ($self:ident . $method:ident ( $($arg:expr),* )) => {
-        match &$self.backend {
+    ($self:ident . $method:ident ( $($arg:expr),* )) => {{
+        let started = std::time::Instant::now();
+        let result = match &$self.backend {
             Backend::ZooKeeper(s) => s.$method($($arg),*).await,
             Backend::Memory(s) => s.$method($($arg),*),
+        };
+        if let Some(metrics) = &$self.metrics {
+            metrics.observe(stringify!($method), started.elapsed(), result.is_err());
         }
-    };
+        result
+    }};
 }
 
 impl Session {
