@@ -289,6 +289,7 @@ fn heartbeat() -> WorkerHeartbeat {
         start_time_secs: 1_700_000_010,
         time_secs: 1_700_000_070,
         uptime_secs: 60,
+        metrics_endpoint: None,
     }
 }
 
@@ -306,6 +307,11 @@ fn worker_heartbeat_golden() {
     let max = WorkerHeartbeat { uptime_secs: u64::MAX, ..heartbeat() };
     assert_eq!(WorkerHeartbeat::decode(PATH, &max.encode()).unwrap(), max);
     assert_ignores_unknown_fields::<WorkerHeartbeat>(HEARTBEAT);
+    // The metrics endpoint, added within version 1: written only when set.
+    let with_endpoint = WorkerHeartbeat { metrics_endpoint: Some("host1:38211".into()), ..heartbeat() };
+    let expected =
+        HEARTBEAT.replace("\"uptime_secs\":60}", "\"uptime_secs\":60,\"metrics_endpoint\":\"host1:38211\"}");
+    assert_golden(&with_endpoint, &expected);
 }
 
 #[test]

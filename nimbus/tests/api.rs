@@ -221,6 +221,7 @@ async fn seed(session: &Session, code: &CodeStore) {
         start_time_secs: now_secs(),
         time_secs: now_secs(),
         uptime_secs: 1,
+        metrics_endpoint: None,
     };
     session.create(&paths.workerbeat(&id(), &slot), &beat.encode(), persistent).await.unwrap();
     for (text, age) in [("older failure", 30), ("newest failure", 5)] {

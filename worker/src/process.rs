@@ -467,6 +467,7 @@ async fn run_session(
                     start_time_secs: start_secs,
                     time_secs: now,
                     uptime_secs: now.saturating_sub(start_secs),
+                    metrics_endpoint: None,
                 };
                 match write_znode(session, &beat_znode, &beat.encode()).await {
                     Ok(()) => {}

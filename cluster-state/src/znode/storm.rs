@@ -341,7 +341,7 @@ impl ExecutorStats {
 /// {"version":1,"topology_id":"wc-1-1700000000","executor_stats":[{"executor":[1,2],
 ///  "emitted":10,"transferred":10,"acked":8,"failed":1,"execute_latency_ms":0.5,
 ///  "process_latency_ms":0.25,"complete_latency_ms":12.0}],"start_time_secs":1700000010,
-///  "time_secs":1700000070,"uptime_secs":60}
+///  "time_secs":1700000070,"uptime_secs":60,"metrics_endpoint":"host1:38211"}
 /// ```
 /// (one line in the znode). Latencies are averages; a non-finite one is written as `0.0`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -356,20 +356,27 @@ pub struct WorkerHeartbeat {
     pub time_secs: u64,
     /// Seconds since the worker started.
     pub uptime_secs: u64,
+    /// `host:port` of the worker's Prometheus `/metrics`, for discovery (added within version
+    /// 1: written only when set, absent reads as `None`).
+    #[serde(default)]
+    pub metrics_endpoint: Option<String>,
 }
 
 impl ZnodeData for WorkerHeartbeat {
     const FORMAT: &'static str = "worker-heartbeat v1 JSON";
 
     fn encode(&self) -> Vec<u8> {
-        JsonObject::versioned(1)
+        let object = JsonObject::versioned(1)
             .field("topology_id", self.topology_id.as_str())
             .raw("executor_stats", &json_array(self.executor_stats.iter().map(ExecutorStats::to_json)))
             .field("start_time_secs", self.start_time_secs)
             .field("time_secs", self.time_secs)
-            .field("uptime_secs", self.uptime_secs)
-            .finish()
-            .into_bytes()
+            .field("uptime_secs", self.uptime_secs);
+        let object = match &self.metrics_endpoint {
+            Some(endpoint) => object.field("metrics_endpoint", endpoint.as_str()),
+            None => object,
+        };
+        object.finish().into_bytes()
     }
 
     fn decode(path: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
