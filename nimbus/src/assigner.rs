@@ -346,6 +346,25 @@ impl Assigner {
             tracing::info!(topology = %id, moved, slots = assignment.slots().len(), "assignment written");
         }
         self.metrics.garbage_znodes.inc_by(report.skipped.len() as u64);
+        for status in [
+            TopologyStatus::Active,
+            TopologyStatus::Inactive,
+            TopologyStatus::Rebalancing,
+            TopologyStatus::Killed,
+        ] {
+            let n = snapshot.storms.values().filter(|b| b.status == status).count();
+            self.metrics.topologies.with_label_values(&[status.as_str()]).set(n as i64);
+        }
+        let total: usize = supervisor_ports.values().map(BTreeSet::len).sum();
+        let used = held
+            .values()
+            .flatten()
+            .filter(|slot| supervisor_ports.get(&slot.node).is_some_and(|ports| ports.contains(&slot.port)))
+            .count();
+        self.metrics.supervisors.set(live.len() as i64);
+        self.metrics.slots.with_label_values(&["used"]).set(used as i64);
+        self.metrics.slots.with_label_values(&["free"]).set(total.saturating_sub(used) as i64);
+        self.metrics.executors_unassigned.set(report.unassigned as i64);
         Ok(report)
     }
 

@@ -178,7 +178,9 @@ pub async fn serve(
         connect_timeout: Duration::from_millis(config.zookeeper_connection_timeout_ms),
         detached: false,
     };
-    let session = Arc::new(ensemble.connect(&options).await.map_err(NimbusError::Connect)?);
+    let coord_metrics = cluster_state::metrics::CoordMetrics::register(registry)?;
+    let session =
+        Arc::new(ensemble.connect(&options).await.map_err(NimbusError::Connect)?.instrument(coord_metrics));
     let limits = CodeStoreLimits {
         max_upload_bytes: config.max_upload_bytes,
         upload_expiration: Duration::from_secs(config.file_copy_expiration_secs),
@@ -201,6 +203,7 @@ pub async fn serve(
     let api = Arc::new(ApiState {
         transitions: transitions.clone(),
         assigner: assigner.clone(),
+        registry: registry.clone(),
         timers: timer_handle,
         config: ApiConfig { token: config.http_token.clone(), ..Default::default() },
         nimbus_start_secs: now_secs(),

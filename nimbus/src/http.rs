@@ -12,6 +12,9 @@
 //! POST /api/v1/topology/:id/activate | deactivate
 //! POST /api/v1/topology/:id/kill/:wait-time
 //! POST /api/v1/topology/:id/rebalance/:wait-time  {"numWorkers":N,"executors":{"comp":N}}
+//! GET  /api/v1/prometheus/targets                 Prometheus HTTP service discovery: nimbus,
+//!                                                  every live supervisor and worker /metrics
+//! GET  /metrics                                   nimbus's own metrics (Prometheus text)
 //! POST /api/v1/uploads                            {"size":N} -> 201 {"uploadId":..}
 //! POST /api/v1/uploads/:upload-id/chunks/:offset  raw bytes -> {"received":N}
 //! POST /api/v1/uploads/:upload-id/finish          {"sha256":".."} -> {"size":N,"sha256":..}
@@ -88,6 +91,8 @@ impl Default for ApiConfig {
 pub struct ApiState {
     pub transitions: Arc<Transitions>,
     pub assigner: Arc<Assigner>,
+    /// What `GET /metrics` serves (the process's registry).
+    pub registry: prometheus::Registry,
     pub timers: TimerHandle,
     pub config: ApiConfig,
     /// When this nimbus started, epoch seconds.
@@ -270,6 +275,7 @@ enum Route {
     ClusterSummary,
     SupervisorSummary,
     TopologySummary,
+    Targets,
     Submit,
     Topology(String),
     Errors(String),
@@ -292,6 +298,7 @@ impl Route {
             ["cluster", "summary"] => Route::ClusterSummary,
             ["supervisor", "summary"] => Route::SupervisorSummary,
             ["topology", "summary"] => Route::TopologySummary,
+            ["prometheus", "targets"] => Route::Targets,
             // Not a topology id (those are `name-counter-secs`), so no id is shadowed.
             ["topology", "submit"] => Route::Submit,
             ["topology", _] => Route::Topology(s(1)),
@@ -313,6 +320,7 @@ impl Route {
             Route::ClusterSummary
             | Route::SupervisorSummary
             | Route::TopologySummary
+            | Route::Targets
             | Route::Topology(_)
             | Route::Errors(_)
             | Route::Code(..) => Method::GET,
@@ -323,6 +331,11 @@ impl Route {
 
 async fn route(state: &ApiState, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let path = request.uri().path().to_owned();
+    if path == "/metrics" {
+        let response = cluster_state::metrics::respond(&state.registry, request.method(), &path);
+        let (parts, body) = response.into_parts();
+        return Ok(Response::from_parts(parts, body.map_err(|never| match never {}).boxed()));
+    }
     let route =
         Route::parse(&path).ok_or_else(|| ApiError::not_found(format!("no such resource: {path}")))?;
     let wanted = route.method();
@@ -352,6 +365,22 @@ async fn route(state: &ApiState, request: Request<Incoming>) -> Result<Response<
         Route::TopologySummary => {
             let snapshot = snapshot(state).await?;
             Ok(json_response(StatusCode::OK, &json!({"topologies": snapshot.topology_summaries()})))
+        }
+        Route::Targets => {
+            // nimbus is where Prometheus reached it; the others published their endpoints.
+            let own = request
+                .headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_owned)
+                .unwrap_or_default();
+            let snapshot = snapshot(state).await?;
+            let workers = state::read_worker_endpoints(session, paths, snapshot.storms.keys()).await?;
+            transitions.metrics().garbage_znodes.inc_by(workers.skipped.len() as u64);
+            Ok(json_response(
+                StatusCode::OK,
+                &crate::views::discovery_targets(&own, &snapshot, &workers.value),
+            ))
         }
         Route::Topology(id) => {
             let id = topology_id(&id)?;

@@ -1,6 +1,6 @@
 //! Nimbus's Prometheus metrics, registered on the registry the caller passes down.
 
-use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 /// Counters nimbus keeps. Labels are bounded: a status class, an operation name.
 #[derive(Debug, Clone)]
@@ -15,6 +15,14 @@ pub struct NimbusMetrics {
     pub assignments_written: IntCounter,
     /// Executors given a new slot (dead, on a supervisor gone, rebalanced, or new).
     pub executors_reassigned: IntCounter,
+    /// Topologies by status (`active`, `inactive`, `rebalancing`, `killed`), at the last pass.
+    pub topologies: IntGaugeVec,
+    /// Live supervisors at the last pass.
+    pub supervisors: IntGauge,
+    /// Worker slots of live supervisors, by `state` (`used`, `free`), at the last pass.
+    pub slots: IntGaugeVec,
+    /// Executors without a slot at the last pass (the cluster has too few free slots).
+    pub executors_unassigned: IntGauge,
 }
 
 impl NimbusMetrics {
@@ -25,6 +33,10 @@ impl NimbusMetrics {
         registry.register(Box::new(metrics.transitions.clone()))?;
         registry.register(Box::new(metrics.assignments_written.clone()))?;
         registry.register(Box::new(metrics.executors_reassigned.clone()))?;
+        registry.register(Box::new(metrics.topologies.clone()))?;
+        registry.register(Box::new(metrics.supervisors.clone()))?;
+        registry.register(Box::new(metrics.slots.clone()))?;
+        registry.register(Box::new(metrics.executors_unassigned.clone()))?;
         Ok(metrics)
     }
 
@@ -50,6 +62,22 @@ impl NimbusMetrics {
             executors_reassigned: IntCounter::with_opts(Opts::new(
                 "squall_nimbus_executors_reassigned_total",
                 "Executors nimbus placed on a new slot",
+            ))?,
+            topologies: IntGaugeVec::new(
+                Opts::new("squall_nimbus_topologies", "Topologies by status at nimbus's last monitor pass"),
+                &["status"],
+            )?,
+            supervisors: IntGauge::with_opts(Opts::new(
+                "squall_nimbus_supervisors",
+                "Live supervisors at nimbus's last monitor pass",
+            ))?,
+            slots: IntGaugeVec::new(
+                Opts::new("squall_nimbus_slots", "Worker slots of live supervisors by state (used, free)"),
+                &["state"],
+            )?,
+            executors_unassigned: IntGauge::with_opts(Opts::new(
+                "squall_nimbus_executors_unassigned",
+                "Executors without a slot at nimbus's last monitor pass",
             ))?,
         })
     }

@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use cluster_state::coord::{self, Session, join};
-use cluster_state::ids::{ComponentId, SupervisorId, TopologyId};
+use cluster_state::ids::{ComponentId, SupervisorId, TopologyId, WorkerSlot};
 use cluster_state::paths::StormPaths;
-use cluster_state::znode::{Assignment, ErrorInfo, StormBase, SupervisorInfo, ZnodeData};
+use cluster_state::znode::{Assignment, ErrorInfo, StormBase, SupervisorInfo, WorkerHeartbeat, ZnodeData};
 use futures::future::join_all;
 
 use crate::views::ClusterSnapshot;
@@ -163,6 +163,40 @@ pub async fn read_errors(
         (b.info.time_secs, b.seq, &b.component).cmp(&(a.info.time_secs, a.seq, &a.component))
     });
     Ok(Read { value: errors, skipped })
+}
+
+/// A worker's metrics endpoint, from its heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerEndpoint {
+    pub topology: TopologyId,
+    pub slot: WorkerSlot,
+    pub endpoint: String,
+}
+
+/// The metrics endpoints the workers of `topologies` published in their heartbeats.
+pub async fn read_worker_endpoints(
+    session: &Session,
+    paths: &StormPaths,
+    topologies: impl IntoIterator<Item = &TopologyId>,
+) -> coord::Result<Read<Vec<WorkerEndpoint>>> {
+    let mut skipped = Vec::new();
+    let mut endpoints = Vec::new();
+    for topology in topologies {
+        let dir = paths.workerbeats_topology(topology);
+        for name in children_or_none(session, &dir).await? {
+            let path = join(&dir, &name);
+            let Ok(slot) = WorkerSlot::from_beat_node_name(&name) else {
+                skip(&mut skipped, path, "not a <node>-<port> heartbeat name".into());
+                continue;
+            };
+            if let Some((beat, _)) = read_optional::<WorkerHeartbeat>(session, &path, &mut skipped).await?
+                && let Some(endpoint) = beat.metrics_endpoint
+            {
+                endpoints.push(WorkerEndpoint { topology: topology.clone(), slot, endpoint });
+            }
+        }
+    }
+    Ok(Read { value: endpoints, skipped })
 }
 
 /// Reads one node that may be absent or garbage: `Ok(None)` then, with the garbage recorded.

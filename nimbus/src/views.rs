@@ -186,6 +186,43 @@ pub struct PendingTransitionView {
     pub seconds_left: u64,
 }
 
+/// Prometheus HTTP service discovery (`http_sd_configs`): one target group per process, with
+/// bounded labels (`squall_role`, `supervisor`, `topology`, `port`).
+pub fn discovery_targets(
+    nimbus: &str,
+    snapshot: &ClusterSnapshot,
+    workers: &[crate::state::WorkerEndpoint],
+) -> Vec<serde_json::Value> {
+    let mut groups = Vec::new();
+    if !nimbus.is_empty() {
+        groups.push(serde_json::json!({"targets": [nimbus], "labels": {"squall_role": "nimbus"}}));
+    }
+    for (id, info) in &snapshot.supervisors {
+        if let Some(endpoint) = &info.metrics_endpoint {
+            groups.push(serde_json::json!({
+                "targets": [endpoint],
+                "labels": {"squall_role": "supervisor", "supervisor": id.as_str()},
+            }));
+        }
+    }
+    for w in workers {
+        // Only workers of live supervisors: a dead machine's last beat is not a target.
+        if !snapshot.supervisors.contains_key(&w.slot.node) {
+            continue;
+        }
+        groups.push(serde_json::json!({
+            "targets": [w.endpoint],
+            "labels": {
+                "squall_role": "worker",
+                "topology": w.topology.as_str(),
+                "supervisor": w.slot.node.as_str(),
+                "port": w.slot.port.to_string(),
+            },
+        }));
+    }
+    groups
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -78,6 +78,7 @@ impl Nimbus {
         let state = Arc::new(ApiState {
             transitions: transitions.clone(),
             assigner,
+            registry: prometheus::Registry::new(),
             timers: handle,
             config,
             nimbus_start_secs: now_secs(),
