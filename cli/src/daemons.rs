@@ -74,7 +74,8 @@ pub fn supervisor(args: DaemonArgs) -> Result<(), String> {
         let shutdown = CancellationToken::new();
         stop_on_signal(shutdown.clone());
         let launcher = Arc::new(supervisor::launch::ProcessLauncher::new());
-        supervisor::daemon::run(config, Ensemble::zookeeper(zookeeper), launcher, launch, shutdown)
+        let registry = prometheus::Registry::new();
+        supervisor::daemon::run(config, Ensemble::zookeeper(zookeeper), launcher, launch, &registry, shutdown)
             .await
             .map_err(|e| e.to_string())
     })

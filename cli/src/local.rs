@@ -520,13 +520,13 @@ async fn run_cluster(
         squall: std::env::current_exe().map_err(|e| format!("cannot find the squall executable: {e}"))?,
         zookeeper: cmd.zookeeper.clone().unwrap_or_else(|| "in-memory".to_owned()),
     };
-    let supervisor = tokio::spawn(supervisor::daemon::run(
-        supervisor_config,
-        ensemble.clone(),
-        launcher.clone(),
-        launch,
-        shutdown.clone(),
-    ));
+    let supervisor = tokio::spawn({
+        let (ensemble, launcher, shutdown) = (ensemble.clone(), launcher.clone(), shutdown.clone());
+        async move {
+            let registry = prometheus::Registry::new();
+            supervisor::daemon::run(supervisor_config, ensemble, launcher, launch, &registry, shutdown).await
+        }
+    });
 
     let outcome = async {
         let client = NimbusClient::new(nimbus_address, None);

@@ -68,11 +68,18 @@ fn main() -> ExitCode {
         Some(Command::Local(cmd)) => report("local", local::execute(cmd)),
         Some(Command::Nimbus(args)) => report("nimbus", daemons::nimbus(args)),
         Some(Command::Supervisor(args)) => report("supervisor", daemons::supervisor(args)),
-        Some(Command::Worker(cmd)) => report(
-            "worker",
-            components().and_then(|c| worker::cli::execute(cmd, &c).map_err(|e| e.to_string())),
-        ),
-        Some(Command::Submit(cmd)) => report("submit", components().and_then(|c| ops::submit(cmd, &c))),
+        Some(Command::Worker(cmd)) => {
+            // One registry for the process: the worker's and its components' metrics.
+            let metrics = prometheus::Registry::new();
+            report(
+                "worker",
+                components(&metrics)
+                    .and_then(|c| worker::cli::execute(cmd, &c, &metrics).map_err(|e| e.to_string())),
+            )
+        }
+        Some(Command::Submit(cmd)) => {
+            report("submit", components(&prometheus::Registry::new()).and_then(|c| ops::submit(cmd, &c)))
+        }
         Some(Command::List(args)) => report("list", ops::list(args)),
         Some(Command::Kill(cmd)) => report("kill", ops::kill(cmd)),
         Some(Command::Activate(cmd)) => report("activate", ops::set_active(cmd, true)),
@@ -94,11 +101,11 @@ fn report(verb: &str, result: Result<(), String>) -> ExitCode {
     }
 }
 
-/// The components a topology file can name: the worker's built-ins and the Kafka spout and bolt.
-/// Their metrics go to a registry of this process (exported once `/metrics` lands).
-fn components() -> Result<worker::Registry, String> {
+/// The components a topology file can name: the worker's built-ins and the Kafka spout and bolt,
+/// whose metrics go to `metrics`.
+fn components(metrics: &prometheus::Registry) -> Result<worker::Registry, String> {
     let mut components = worker::Registry::with_builtins();
-    kafka_spout::register(&mut components, &prometheus::Registry::new())
+    kafka_spout::register(&mut components, metrics)
         .map_err(|e| format!("cannot register the Kafka components: {e}"))?;
     Ok(components)
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 use cluster_state::code::CodeFile;
 use cluster_state::coord::{self, Ensemble, Session, SessionOptions};
 use cluster_state::ids::{SupervisorId, TopologyId};
+use cluster_state::metrics::CoordMetrics;
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{Assignment, SupervisorInfo};
 use serde::{Deserialize, Serialize};
@@ -26,8 +27,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::code_sync::CodeSync;
 use crate::launch::{Launcher, WorkerSpec};
+use crate::metrics::SupervisorMetrics;
 use crate::plan::{LocalAssignment, WorkerTimeouts, local_assignment};
-use crate::process_task::{ProcessError, ProcessTask, SpecBuilder};
+use crate::process_task::{Done, ProcessError, ProcessTask, SpecBuilder};
 use crate::registration::Registration;
 
 /// The supervisor's settings, with Storm's key names.
@@ -61,6 +63,10 @@ pub struct SupervisorConfig {
     /// Squall's: nimbus's API, `host:port`, where topology code is downloaded from.
     #[serde(rename = "nimbus.http.address")]
     pub nimbus_address: String,
+    /// Squall's: the port of this supervisor's Prometheus `/metrics` (0: any free port; the
+    /// endpoint is published in `/storm/supervisors/<id>` for discovery either way).
+    #[serde(rename = "supervisor.metrics.port")]
+    pub metrics_port: u16,
 }
 
 impl Default for SupervisorConfig {
@@ -79,6 +85,7 @@ impl Default for SupervisorConfig {
             heartbeat_frequency_secs: 5,
             worker_shutdown_sleep_secs: 3,
             nimbus_address: "127.0.0.1:8080".to_owned(),
+            metrics_port: 0,
         }
     }
 }
@@ -204,9 +211,14 @@ pub async fn run(
     ensemble: Ensemble,
     launcher: Arc<dyn Launcher>,
     launch: WorkerLaunch,
+    registry: &prometheus::Registry,
     shutdown: CancellationToken,
 ) -> Result<(), SupervisorError> {
     let paths = config.validate()?;
+    let metrics_error =
+        |e: prometheus::Error| SupervisorError::Config { key: "metrics", reason: e.to_string() };
+    let metrics = SupervisorMetrics::register(registry).map_err(metrics_error)?;
+    let coord_metrics = CoordMetrics::register(registry).map_err(metrics_error)?;
     std::fs::create_dir_all(config.local_dir.join("logs")).map_err(|e| SupervisorError::Config {
         key: "storm.local.dir",
         reason: format!("cannot create {}: {e}", config.local_dir.join("logs").display()),
@@ -232,6 +244,16 @@ pub async fn run(
         .clone()
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "localhost".to_owned());
+    // Bound where peers reach this machine when that is configured, else on every interface.
+    let metrics_host = config.hostname.clone().unwrap_or_else(|| "0.0.0.0".to_owned());
+    let metrics_address = format!("{metrics_host}:{}", config.metrics_port);
+    let listener =
+        tokio::net::TcpListener::bind(&metrics_address).await.map_err(|e| SupervisorError::Config {
+            key: "supervisor.metrics.port",
+            reason: format!("cannot listen on {metrics_address}: {e}"),
+        })?;
+    let metrics_endpoint = listener.local_addr().ok().map(|a| format!("{hostname}:{}", a.port()));
+    tokio::spawn(cluster_state::metrics::serve(listener, registry.clone(), shutdown.child_token()));
     let registration = Registration {
         ensemble: ensemble.clone(),
         session_options: config.session_options(),
@@ -244,7 +266,7 @@ pub async fn run(
             all_ports: config.slots_ports.clone(),
             uptime_secs: 0,
             version: env!("CARGO_PKG_VERSION").to_owned(),
-            metrics_endpoint: None,
+            metrics_endpoint,
         },
         used_ports: ports_rx,
         heartbeat_interval: Duration::from_secs(config.heartbeat_frequency_secs),
@@ -257,7 +279,7 @@ pub async fn run(
     while !shutdown.is_cancelled() {
         if session.as_ref().is_none_or(|s| s.state().is_terminal()) {
             session = match ensemble.connect(&config.session_options()).await {
-                Ok(s) => Some(s),
+                Ok(s) => Some(s.instrument(coord_metrics.clone())),
                 Err(e) => {
                     tracing::warn!(error = %e, "supervisor cannot reach ZooKeeper; retrying");
                     None
@@ -269,11 +291,15 @@ pub async fn run(
             // Arm the watch before reading, so a change during the round triggers the next one.
             changed = s.children_watch(&paths.assignments_dir()).await.ok().map(|(_, w)| w);
             match read_assignments(s, &paths).await {
-                Ok(assignments) => round(&supervisor_id, &assignments, &slots, &code, &mut process).await,
+                Ok(assignments) => {
+                    let done = round(&supervisor_id, &assignments, &slots, &code, &mut process).await;
+                    metrics.count(&done);
+                }
                 Err(e) => tracing::warn!(error = %e, "cannot read assignments; retrying"),
             }
             // Only a real change wakes the registration (which then rewrites its znode).
             let ports = process.used_ports();
+            metrics.set_slots(ports.len(), slots.len());
             ports_tx.send_if_modified(|current| {
                 let changed = *current != ports;
                 if changed {
@@ -310,12 +336,12 @@ async fn round(
     slots: &BTreeSet<u16>,
     code: &CodeSync,
     process: &mut ProcessTask,
-) {
+) -> Vec<Done> {
     let local = match local_assignment(supervisor, assignments) {
         Ok(local) => local,
         Err(conflict) => {
             tracing::error!(error = %conflict, "inconsistent assignments; waiting for nimbus to fix them");
-            return;
+            return Vec::new();
         }
     };
     let mut desired = BTreeMap::new();
@@ -331,17 +357,22 @@ async fn round(
             Err(e) => tracing::warn!(error = %e, "cannot get topology code; retrying next round"),
         }
     }
-    match process.reconcile(&desired, now_secs()).await {
+    let done = match process.reconcile(&desired, now_secs()).await {
         Ok(done) => {
-            for action in done {
+            for action in &done {
                 tracing::info!(?action, "worker action");
             }
+            done
         }
-        Err(e) => tracing::warn!(error = %e, "worker actions failed; retrying next round"),
-    }
+        Err(e) => {
+            tracing::warn!(error = %e, "worker actions failed; retrying next round");
+            Vec::new()
+        }
+    };
     let mut keep: BTreeSet<TopologyId> = desired.values().map(|a| a.topology_id.clone()).collect();
     keep.extend(process.workers().values().map(|w| w.topology_id.clone()));
     for removed in code.remove_stale(&keep) {
         tracing::info!(topology = %removed, "removed code no assignment needs");
     }
+    done
 }

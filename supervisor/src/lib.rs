@@ -26,6 +26,7 @@ pub mod code_sync;
 pub mod daemon;
 pub mod launch;
 pub mod local_state;
+pub mod metrics;
 pub mod plan;
 pub mod process_task;
 pub mod registration;

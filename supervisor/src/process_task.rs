@@ -47,7 +47,7 @@ pub type SpecBuilder = Arc<dyn Fn(&SupervisorId, &str, u16, &LocalAssignment) ->
 /// What a reconcile did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Done {
-    Killed { worker_id: String, port: u16 },
+    Killed { worker_id: String, port: u16, state: crate::plan::WorkerState },
     Launched { worker_id: String, port: u16, pid: u32 },
 }
 
@@ -193,7 +193,7 @@ impl ProcessTask {
                     self.state.workers.remove(&worker_id);
                     let _ = std::fs::remove_dir_all(self.local_dir.join("workers").join(&worker_id));
                     self.file.store(&self.state)?;
-                    done.push(Done::Killed { worker_id, port });
+                    done.push(Done::Killed { worker_id, port, state });
                 }
                 Action::Launch { port, assignment } => {
                     let worker_id = new_id();

@@ -17,7 +17,8 @@
 //! registry.register_bolt("my-bolt", |_params| Ok(std::sync::Arc::new(|| {
 //!     Box::new(worker::builtin::LogSink) as Box<dyn worker::Bolt>
 //! })));
-//! if let Err(e) = worker::cli::execute(Cli::parse().worker, &registry) {
+//! let metrics = prometheus::Registry::new();
+//! if let Err(e) = worker::cli::execute(Cli::parse().worker, &registry, &metrics) {
 //!     eprintln!("worker: {e}");
 //!     std::process::exit(1);
 //! }
@@ -70,8 +71,9 @@ pub struct WorkerCommand {
 }
 
 /// Validates the arguments, loads the topology, and runs the worker until SIGTERM or Ctrl-C
-/// (then shuts down gracefully).
-pub fn execute(cmd: WorkerCommand, registry: &Registry) -> Result<()> {
+/// (then shuts down gracefully). `metrics` is the process's registry, served at `/metrics`
+/// (components registered with it, like the Kafka spout, appear there too).
+pub fn execute(cmd: WorkerCommand, registry: &Registry, metrics: &prometheus::Registry) -> Result<()> {
     // Validate everything before binding or connecting anything.
     let paths = StormPaths::new(&cmd.storm_root)
         .map_err(|e| Error::BadConfig { key: "storm.zookeeper.root", reason: e.to_string() })?;
@@ -101,8 +103,7 @@ pub fn execute(cmd: WorkerCommand, registry: &Registry) -> Result<()> {
             tracing::info!("shutdown requested");
             s.cancel();
         });
-        let metrics = prometheus::Registry::new();
-        run(args, config, topology, Ensemble::zookeeper(cmd.zookeeper), paths, &metrics, shutdown).await
+        run(args, config, topology, Ensemble::zookeeper(cmd.zookeeper), paths, metrics, shutdown).await
     })
 }
 

@@ -183,7 +183,15 @@ impl Emitter {
         let batch = std::mem::replace(&mut self.bufs[dest], Vec::with_capacity(self.batch_size));
         // A closed queue means its executor or connection is gone (shutdown or reconnect):
         // drop the batch, acking replays what mattered.
-        let _ = self.routes.dests[dest].send(batch);
+        match self.routes.dests[dest].try_send(batch) {
+            Ok(()) | Err(crossbeam_channel::TrySendError::Disconnected(_)) => {}
+            Err(crossbeam_channel::TrySendError::Full(batch)) => {
+                // Backpressure: the slow consumer holds this executor up; the wait is measured.
+                let waited = std::time::Instant::now();
+                let _ = self.routes.dests[dest].send(batch);
+                self.stats.backpressure_ns.fetch_add(waited.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Hands over every partial batch, publishes counters and picks up new routes.

@@ -60,6 +60,7 @@ mod executor;
 pub mod flux;
 pub mod grouping;
 pub mod layout;
+pub mod metrics;
 pub mod process;
 pub mod runtime;
 pub mod stats;

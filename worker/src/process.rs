@@ -346,7 +346,8 @@ pub async fn run(
     metrics: &MetricsRegistry,
     shutdown: CancellationToken,
 ) -> Result<()> {
-    let session = ensemble.connect(&SessionOptions::default()).await?;
+    let coord_metrics = cluster_state::metrics::CoordMetrics::register(metrics)?;
+    let session = ensemble.connect(&SessionOptions::default()).await?.instrument(coord_metrics);
     let result = run_session(&args, &config, topology, &session, &paths, metrics, &shutdown).await;
     let _ = session.close().await;
     result
@@ -429,6 +430,22 @@ async fn run_session(
     let plan = worker.plan.clone();
     tracing::info!(topology = %id, port = args.port, addr = %worker.local_addr(), executors = plan.local_executors.len(), "worker started");
     let mut metrics = Metrics::register(metrics_registry)?;
+    let executor_metrics = crate::metrics::ExecutorMetrics::new(id.as_str())?;
+    executor_metrics.set_sources(worker.runtime.metric_sources());
+    metrics_registry.register(Box::new(executor_metrics.clone()))?;
+    // `/metrics` on a free port of the bind host, published in the heartbeat for discovery.
+    let metrics_listener = tokio::net::TcpListener::bind((config.bind_host.as_str(), 0))
+        .await
+        .map_err(|e| Error::io("listen for /metrics", e))?;
+    let metrics_endpoint =
+        metrics_listener.local_addr().ok().map(|a| format!("{}:{}", args.hostname, a.port()));
+    let metrics_stop = shutdown.child_token();
+    tokio::spawn(cluster_state::metrics::serve(
+        metrics_listener,
+        metrics_registry.clone(),
+        metrics_stop.clone(),
+    ));
+    let _stop_metrics = metrics_stop.drop_guard();
     let (mut status_active, base_watch) = read_active(session, paths, id).await;
     let started = Instant::now();
     let mut activation = tokio::time::interval(ACTIVATION_CHECK);
@@ -467,7 +484,7 @@ async fn run_session(
                     start_time_secs: start_secs,
                     time_secs: now,
                     uptime_secs: now.saturating_sub(start_secs),
-                    metrics_endpoint: None,
+                    metrics_endpoint: metrics_endpoint.clone(),
                 };
                 match write_znode(session, &beat_znode, &beat.encode()).await {
                     Ok(()) => {}

@@ -157,6 +157,20 @@ impl WorkerRuntime {
         self.executors.iter().map(|e| e.stats.clone()).collect()
     }
 
+    /// What the metrics collector reads of each executor: its stats and its inbound queue.
+    pub fn metric_sources(&self) -> Vec<crate::metrics::ExecutorSource> {
+        self.executors
+            .iter()
+            .map(|e| crate::metrics::ExecutorSource {
+                component: e.component.to_string(),
+                task: e.id.start_task().0,
+                is_spout: e.is_spout,
+                stats: e.stats.clone(),
+                inbox: self.inboxes.get(&e.id.start_task()).cloned(),
+            })
+            .collect()
+    }
+
     /// Statistics of the executors of `component`.
     pub fn component_stats(&self, component: &str) -> Vec<Arc<ExecStats>> {
         self.executors.iter().filter(|e| e.component.as_str() == component).map(|e| e.stats.clone()).collect()

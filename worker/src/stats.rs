@@ -14,6 +14,11 @@ use hdrhistogram::Histogram;
 /// One tuple in this many has its execute latency measured (Storm's 0.05 sample rate).
 pub(crate) const SAMPLE_EVERY: u64 = 20;
 
+/// Upper bounds (seconds) of the latency histograms' buckets, shared by execute and complete
+/// latency (Prometheus histograms; `+Inf` is implied).
+pub const LATENCY_BUCKETS: [f64; 12] =
+    [0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
+
 /// Live statistics of one executor.
 #[derive(Debug)]
 pub struct ExecStats {
@@ -30,6 +35,10 @@ pub struct ExecStats {
     complete_samples: AtomicU64,
     /// Complete latency in microseconds (spouts), for percentiles.
     complete_us: Mutex<Option<Histogram<u64>>>,
+    /// Sampled execute latencies per bucket of [`LATENCY_BUCKETS`] (the last: above them all).
+    execute_buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    /// Time this executor's emits waited for a full downstream queue (backpressure), ns.
+    pub backpressure_ns: AtomicU64,
 }
 
 impl ExecStats {
@@ -46,12 +55,39 @@ impl ExecStats {
             complete_ns: AtomicU64::new(0),
             complete_samples: AtomicU64::new(0),
             complete_us: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 2).ok()),
+            execute_buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            backpressure_ns: AtomicU64::new(0),
         }
     }
 
     pub(crate) fn record_execute(&self, d: Duration) {
         self.execute_ns.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
         self.execute_samples.fetch_add(1, Ordering::Relaxed);
+        let secs = d.as_secs_f64();
+        let bucket = LATENCY_BUCKETS.iter().position(|&b| secs <= b).unwrap_or(LATENCY_BUCKETS.len());
+        self.execute_buckets[bucket].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sampled execute latency as a Prometheus histogram: cumulative counts per bucket of
+    /// [`LATENCY_BUCKETS`], the sample count and the sum in seconds.
+    pub fn execute_histogram(&self) -> (Vec<u64>, u64, f64) {
+        let mut cumulative = Vec::with_capacity(LATENCY_BUCKETS.len());
+        let mut running = 0;
+        for bucket in &self.execute_buckets[..LATENCY_BUCKETS.len()] {
+            running += bucket.load(Ordering::Relaxed);
+            cumulative.push(running);
+        }
+        let count = running + self.execute_buckets[LATENCY_BUCKETS.len()].load(Ordering::Relaxed);
+        (cumulative, count, self.execute_ns.load(Ordering::Relaxed) as f64 / 1e9)
+    }
+
+    /// Complete latency as a Prometheus histogram (from the recorded percentiles' histogram):
+    /// cumulative counts per bucket of [`LATENCY_BUCKETS`], the count and the sum in seconds.
+    pub fn complete_histogram(&self) -> (Vec<u64>, u64, f64) {
+        let Ok(guard) = self.complete_us.lock() else { return (vec![0; LATENCY_BUCKETS.len()], 0, 0.0) };
+        let Some(h) = guard.as_ref() else { return (vec![0; LATENCY_BUCKETS.len()], 0, 0.0) };
+        let cumulative = LATENCY_BUCKETS.iter().map(|b| h.count_between(0, (b * 1e6) as u64)).collect();
+        (cumulative, h.len(), h.mean() * h.len() as f64 / 1e6)
     }
 
     /// Merges a batch of complete latencies (spout executor, once per loop at most).
