@@ -11,6 +11,7 @@
 //! - `assign.rs`: the pure decisions: range and round-robin assignment, the ownership diff.
 //! - `config.rs`: [`RegistryConfig`], Kafka's consumer config names and defaults.
 //! - `error.rs`: the crate's one error enum.
+//! - `lag.rs`: [`lag::LagWindow`], Burrow's lag status rules over a sliding window of commits.
 //! - `member.rs`: [`Member`], the actor that is one member of a group, its [`MemberHandle`] and
 //!   the [`MemberEvent`]s it tells its caller.
 //! - `offsets.rs`: [`OffsetStore`], committed offsets read and written in batches.
@@ -57,6 +58,7 @@
 mod assign;
 mod config;
 mod error;
+pub mod lag;
 mod member;
 mod metrics;
 mod offsets;
