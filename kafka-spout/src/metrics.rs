@@ -1,5 +1,7 @@
 //! Prometheus metrics of the Kafka spouts and producer bolts of a process, registered once on
-//! the caller's registry and shared by every task. Labels: component, topic, partition.
+//! the caller's registry and shared by every task. Labels: component, topic, partition; the
+//! consumer-group view (committed offset, log-end offset, lag, Burrow's lag status) is labelled
+//! group, topic, partition, as Kafka's tools and Burrow show it.
 
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
@@ -16,6 +18,8 @@ pub struct SpoutMetrics {
     pub(crate) committed_offset: IntGaugeVec,
     pub(crate) log_end_offset: IntGaugeVec,
     pub(crate) lag: IntGaugeVec,
+    /// Burrow's status of the partition ([`consumer_registry::lag::LagStatus::code`]).
+    pub(crate) lag_status: IntGaugeVec,
     pub(crate) paused: IntGaugeVec,
 }
 
@@ -27,6 +31,7 @@ pub struct BoltMetrics {
 }
 
 const TP: &[&str] = &["component", "topic", "partition"];
+const GTP: &[&str] = &["group", "topic", "partition"];
 
 fn counter(
     registry: &Registry,
@@ -40,7 +45,7 @@ fn counter(
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntGaugeVec> {
-    let g = IntGaugeVec::new(Opts::new(name, help), TP)?;
+    let g = IntGaugeVec::new(Opts::new(name, help), GTP)?;
     registry.register(Box::new(g.clone()))?;
     Ok(g)
 }
@@ -98,6 +103,11 @@ impl SpoutMetrics {
             )?,
             log_end_offset: gauge(registry, "squall_spout_log_end_offset", "The partition's high watermark")?,
             lag: gauge(registry, "squall_spout_lag", "Log-end offset minus committed offset")?,
+            lag_status: gauge(
+                registry,
+                "squall_spout_lag_status",
+                "Burrow's status of the partition over its last 10 commits: 0 OK, 1 WARN, 2 STOP, 3 STALL, 4 REWIND",
+            )?,
             paused: {
                 let g = IntGaugeVec::new(
                     Opts::new(

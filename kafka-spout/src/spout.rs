@@ -17,12 +17,13 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use cluster_state::coord::Ensemble;
 use cluster_state::ids::{ConsumerId, GroupId, Partition, Topic};
 use cluster_state::paths::KafkaPaths;
+use consumer_registry::lag::{Commit, LagWindow};
 use consumer_registry::{
     Member, MemberEvent, MemberHandle, MemberSpec, OffsetReset, PartitionSource, RegistryMetrics,
     SourcedPartitions, StartPosition, TopicPartition,
@@ -388,6 +389,7 @@ impl KafkaSpout {
                 .paused
                 .with_label_values(&[component.as_str(), task.to_string().as_str()]),
             drain_timeout,
+            lag_windows: Mutex::new(HashMap::new()),
         };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -626,6 +628,8 @@ struct Coordinator {
     metrics: SpoutMetrics,
     paused: prometheus::IntGauge,
     drain_timeout: Duration,
+    /// Per partition: the last log-end offset seen and Burrow's window of commits.
+    lag_windows: Mutex<HashMap<TopicPartition, (Option<i64>, LagWindow)>>,
 }
 
 impl Coordinator {
@@ -746,9 +750,28 @@ impl Coordinator {
             .map_err(error)
     }
 
+    /// The consumer-group labels of `tp`: group, topic, partition.
     fn metric_labels<R>(&self, tp: &TopicPartition, f: impl FnOnce(&[&str]) -> R) -> R {
         let partition = tp.partition.to_string();
-        f(&[self.component.as_str(), tp.topic.as_str(), partition.as_str()])
+        f(&[self.config.group_id.as_str(), tp.topic.as_str(), partition.as_str()])
+    }
+
+    /// Records a commit (`offset`) or a new log-end offset (`high`) of `tp` and sets Burrow's
+    /// status of the partition.
+    fn track_lag(&self, tp: &TopicPartition, offset: Option<i64>, high: Option<i64>) {
+        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let status = {
+            let mut windows = self.lag_windows.lock().unwrap_or_else(PoisonError::into_inner);
+            let (last_high, window) = windows.entry(tp.clone()).or_default();
+            if high.is_some() {
+                *last_high = high;
+            }
+            if let (Some(offset), Some(high)) = (offset, *last_high) {
+                window.push(Commit { offset, lag: (high - offset).max(0), at_ms: now_ms });
+            }
+            window.status(now_ms)
+        };
+        self.metric_labels(tp, |l| self.metrics.lag_status.with_label_values(l).set(status.code()));
     }
 
     async fn assign(&self, tp: TopicPartition, cancel: Option<&CancellationToken>) {
@@ -874,6 +897,9 @@ impl Coordinator {
                         self.metrics.committed_offset.with_label_values(l).set(*offset)
                     });
                 }
+                for (tp, offset) in &offsets {
+                    self.track_lag(tp, Some(*offset), None);
+                }
             }
             Err(e) => {
                 tracing::warn!(component = %self.component, error = %e, "committing offsets failed; the next commit retries")
@@ -898,6 +924,7 @@ impl Coordinator {
                     self.metrics.log_end_offset.with_label_values(l).set(high);
                     self.metrics.lag.with_label_values(l).set((high - committed).max(0));
                 });
+                self.track_lag(&tp, None, Some(high));
             }
         }
     }

@@ -97,7 +97,18 @@ fn every_message_at_least_once_with_ten_percent_failures_and_commits_reach_the_e
     assert_eq!(m("squall_spout_failed_total"), failed);
     assert!(replayed <= failed && replayed > 0.0, "replayed {replayed} of {failed} failures");
     assert_eq!(m("squall_spout_acked_total"), record.acked.load(Ordering::Relaxed) as f64);
-    assert_eq!(m("squall_spout_committed_offset"), 2000.0);
+    // The consumer-group view is labelled by group (as Kafka's tools and Burrow show it).
+    let committed = metric(&rig.metrics, "squall_spout_committed_offset", &[("group", "g1")]);
+    assert_eq!(committed, 2000.0);
+    let statuses: Vec<f64> = rig
+        .metrics
+        .gather()
+        .iter()
+        .filter(|f| f.name() == "squall_spout_lag_status")
+        .flat_map(|f| f.get_metric().iter().map(|m| m.get_gauge().get_value()).collect::<Vec<_>>())
+        .collect();
+    assert_eq!(statuses.len(), 4, "one Burrow status per partition: {statuses:?}");
+    assert!(statuses.iter().all(|s| (0.0..=4.0).contains(s)), "{statuses:?}");
     println!(
         "emitted {emitted}, replayed {replayed}, failed {failed}, duplicates {}",
         record.duplicates().len()
