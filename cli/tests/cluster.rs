@@ -434,3 +434,186 @@ async fn squall_summary(nimbus: &str) -> Option<String> {
     stream.read_to_string(&mut body).await.ok()?;
     Some(body)
 }
+
+/// Prometheus's HTTP API: `GET path` -> JSON.
+async fn prometheus_get(address: &str, path: &str) -> Option<serde_json::Value> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.ok()?;
+    let body = text.split_once("\r\n\r\n")?.1;
+    serde_json::from_str(body).ok()
+}
+
+/// Percent-encodes a query for a URL.
+fn encode(query: &str) -> String {
+    query
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Every `expr` of the dashboard's panels, with its variables given values that select all.
+fn dashboard_queries() -> Vec<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/squall-dashboard.json");
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut queries = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap();
+            let expr =
+                expr.replace("$topology", ".*").replace("$group", ".*").replace("$__rate_interval", "30s");
+            queries.push((panel["title"].as_str().unwrap().to_owned(), expr));
+        }
+    }
+    queries
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_finds_every_process_and_every_dashboard_query_has_data() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let mut cluster = Cluster::new("cluster_prometheus").await;
+    cluster.start_nimbus();
+    cluster.start_supervisor("sup-a", [free_port(), free_port()]);
+    cluster.start_supervisor("sup-b", [free_port(), free_port()]);
+    let session = cluster.session().await;
+    supervisors(&session, 2).await;
+
+    // Kafka: librdkafka's mock cluster in this process, on a loopback port the workers reach;
+    // fed sentences while the test runs.
+    let kafka = rdkafka::mocking::MockCluster::new(1).unwrap();
+    kafka.create_topic("sentences", 4, 1).unwrap();
+    let producer: BaseProducer =
+        rdkafka::ClientConfig::new().set("bootstrap.servers", kafka.bootstrap_servers()).create().unwrap();
+    let feeding = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let feeder = std::thread::spawn({
+        let feeding = feeding.clone();
+        move || {
+            let mut k = 0u64;
+            while feeding.load(std::sync::atomic::Ordering::Relaxed) {
+                let sentence = format!("the quick squall number {k} jumps over the lazy storm");
+                let _ = producer.send(BaseRecord::to("sentences").key(&k.to_string()).payload(&sentence));
+                producer.poll(Duration::ZERO);
+                k += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = producer.flush(Duration::from_secs(5));
+        }
+    });
+
+    let topology = cluster.dir("kafka.yaml");
+    std::fs::write(
+        &topology,
+        format!(
+            "name: lagwatch\nconfig: {{topology.workers: 2, topology.max.spout.pending: 500}}\n\
+             spouts:\n  - id: kafka\n    className: kafka-spout\n    parallelism: 2\n    params:\n      \
+             bootstrap_servers: \"{}\"\n      topics: [sentences]\n      group_id: prom-group\n      \
+             auto_offset_reset: smallest\n      offsets_commit_interval_ms: 500\n      zookeeper_connect: \"{}\"\n\
+             bolts:\n  - id: split\n    className: split-sentence\n    parallelism: 2\n    params: {{field: value}}\n  \
+             - id: count\n    className: word-count\n    parallelism: 2\n\
+             streams:\n  - {{from: kafka, to: split, grouping: {{type: SHUFFLE}}}}\n  \
+             - {{from: split, to: count, grouping: {{type: FIELDS, args: [word]}}}}\n",
+            kafka.bootstrap_servers(),
+            cluster.zookeeper
+        ),
+    )
+    .unwrap();
+    let submitted = eventually(60, "nimbus to take the submit", || async {
+        let out = cluster.squall(&["submit", topology.to_str().unwrap()]);
+        out.status.success().then(|| text(&out))
+    })
+    .await;
+    let id: TopologyId =
+        submitted.split(" as ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    eventually(60, "both workers", || async {
+        assignment(&session, &id).await.filter(|a| a.slots().len() == 2)
+    })
+    .await;
+    flowing(&session, &id, "kafka word count").await;
+
+    // Prometheus with the deploy config, pointed at this cluster's nimbus, scraping every second.
+    let nimbus_port: u16 = std::fs::read_to_string(&cluster.config)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("nimbus.http.port: "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let deploy =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus.yml"))
+            .unwrap();
+    let config = deploy
+        .replace("127.0.0.1:8080", &format!("127.0.0.1:{nimbus_port}"))
+        .replace("scrape_interval: 15s", "scrape_interval: 1s")
+        .replace("refresh_interval: 30s", "refresh_interval: 1s");
+    assert_ne!(config, deploy, "the deploy config has the keys the test adjusts");
+    std::fs::write(cluster.dir("prometheus.yml"), config).unwrap();
+    let prometheus = format!("127.0.0.1:{}", free_port());
+    let log = std::fs::File::create(cluster.dir("prometheus.log")).unwrap();
+    let child = Command::new("prometheus")
+        .arg(format!("--config.file={}", cluster.dir("prometheus.yml").display()))
+        .arg(format!("--storage.tsdb.path={}", cluster.dir("prometheus-data").display()))
+        .arg(format!("--web.listen-address={prometheus}"))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("prometheus runs (Debian's prometheus package; .ci/run installs it)");
+    cluster.children.push(child);
+
+    // Discovery: nimbus, two supervisors and two workers, all scraped and up.
+    let targets = eventually(90, "Prometheus to scrape 5 targets, all up", || async {
+        let reply = prometheus_get(&prometheus, "/api/v1/targets?state=active").await?;
+        let active = reply["data"]["activeTargets"].as_array()?.clone();
+        let up = active.iter().filter(|t| t["health"] == "up").count();
+        (active.len() == 5 && up == 5).then_some(active)
+    })
+    .await;
+    let roles: BTreeSet<String> =
+        targets.iter().map(|t| t["labels"]["squall_role"].as_str().unwrap_or("?").to_owned()).collect();
+    assert_eq!(roles, ["nimbus", "supervisor", "worker"].map(str::to_owned).into_iter().collect());
+
+    // Every query of every dashboard panel returns at least one series.
+    for (panel, query) in dashboard_queries() {
+        eventually(90, &format!("panel {panel:?}: {query}"), || async {
+            let reply =
+                prometheus_get(&prometheus, &format!("/api/v1/query?query={}", encode(&query))).await?;
+            let series = reply["data"]["result"].as_array()?.len();
+            (reply["status"] == "success" && series > 0).then_some(())
+        })
+        .await;
+    }
+
+    // promtool accepts every process's /metrics.
+    for target in &targets {
+        let url = target["scrapeUrl"].as_str().unwrap();
+        let address = url.trim_start_matches("http://").split('/').next().unwrap();
+        let page = squall_metrics_page(address).await;
+        let mut check = Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(check.stdin.as_mut().unwrap(), page.as_bytes()).unwrap();
+        let out = check.wait_with_output().unwrap();
+        assert!(out.status.success(), "promtool check metrics on {url}: {}", text(&out));
+    }
+    feeding.store(false, std::sync::atomic::Ordering::Relaxed);
+    feeder.join().unwrap();
+}
+
+/// A process's `/metrics` page.
+async fn squall_metrics_page(address: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes()).await.unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.unwrap();
+    text.split_once("\r\n\r\n").unwrap().1.to_owned()
+}
