@@ -2,12 +2,14 @@
 //!
 //! Verbs: `local` (run a topology in this process), `nimbus` and `supervisor` (the daemons),
 //! `worker` (what a supervisor launches for one slot), and the operator verbs over nimbus's API
-//! ([`ops`]): `submit`, `list`, `kill`, `activate`, `deactivate`, `rebalance`, `errors`.
+//! ([`ops`]): `submit`, `list`, `kill`, `activate`, `deactivate`, `rebalance`, `errors`; and
+//! `offsets` ([`offsets`]) for consumer groups.
 
 mod client;
 mod config;
 mod daemons;
 mod local;
+mod offsets;
 mod ops;
 
 /// Tuples are allocated on one executor thread and freed on another; mimalloc handles that far
@@ -52,6 +54,8 @@ enum Command {
     Rebalance(ops::RebalanceCommand),
     /// Show the errors a topology's components reported, newest first.
     Errors(ops::NameCommand),
+    /// Inspect, export, reset and snapshot a consumer group's offsets (ZooKeeper and Kafka).
+    Offsets(offsets::OffsetsCommand),
 }
 
 fn main() -> ExitCode {
@@ -86,6 +90,7 @@ fn main() -> ExitCode {
         Some(Command::Deactivate(cmd)) => report("deactivate", ops::set_active(cmd, false)),
         Some(Command::Rebalance(cmd)) => report("rebalance", ops::rebalance(cmd)),
         Some(Command::Errors(cmd)) => report("errors", ops::errors(cmd)),
+        Some(Command::Offsets(cmd)) => report("offsets", offsets::execute(cmd)),
         None => ExitCode::SUCCESS,
     }
 }

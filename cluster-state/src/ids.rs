@@ -238,6 +238,15 @@ string_id!(
 );
 
 string_id!(
+    /// The name of a consumer group's offset snapshot (`squall offsets snapshot --name`), a
+    /// valid path segment.
+    SnapshotName,
+    "snapshot name",
+    pub fn new,
+    check_segment
+);
+
+string_id!(
     /// A Kafka topic name: `[a-zA-Z0-9._-]+`, at most 249 characters, not `.` or `..` (Kafka's rule).
     Topic,
     "topic",

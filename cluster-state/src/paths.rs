@@ -23,8 +23,8 @@
 //! means no chroot (as in Kafka's `zookeeper.connect=host:2181/`).
 
 use crate::ids::{
-    BrokerId, ComponentId, ConsumerId, GroupId, IdError, Partition, SupervisorId, Topic, TopologyId,
-    WorkerSlot, check_segment,
+    BrokerId, ComponentId, ConsumerId, GroupId, IdError, Partition, SnapshotName, SupervisorId, Topic,
+    TopologyId, WorkerSlot, check_segment,
 };
 
 /// Validates an absolute, non-root ZooKeeper path without trailing `/`.
@@ -213,6 +213,16 @@ impl KafkaPaths {
     /// `/consumers/[group]/offsets/[topic]/[partition]`.
     pub fn offset(&self, group: &GroupId, topic: &Topic, partition: Partition) -> String {
         format!("{}/consumers/{group}/offsets/{topic}/{partition}", self.chroot)
+    }
+
+    /// `/consumers/[group]/squall-snapshots`: Squall's named offset snapshots.
+    pub fn snapshots_dir(&self, group: &GroupId) -> String {
+        format!("{}/consumers/{group}/squall-snapshots", self.chroot)
+    }
+
+    /// `/consumers/[group]/squall-snapshots/[name]`.
+    pub fn snapshot(&self, group: &GroupId, name: &SnapshotName) -> String {
+        format!("{}/consumers/{group}/squall-snapshots/{name}", self.chroot)
     }
 
     /// `/brokers/ids`.

@@ -13,8 +13,9 @@ use cluster_state::ids::{
 };
 use cluster_state::znode::{
     Assignment, BrokerRegistration, ConsumerRegistration, DecodeError, DelayedTransition, ErrorInfo,
-    ExecutorAssignment, ExecutorStats, LocalWorkerHeartbeat, OffsetData, OwnerData, StormBase,
-    SubscriptionPattern, SupervisorInfo, TopicRegistration, TopologyStatus, WorkerHeartbeat, ZnodeData,
+    ExecutorAssignment, ExecutorStats, LocalWorkerHeartbeat, OffsetData, OffsetSnapshot, OwnerData,
+    StormBase, SubscriptionPattern, SupervisorInfo, TopicRegistration, TopologyStatus, WorkerHeartbeat,
+    ZnodeData,
 };
 use proptest::prelude::*;
 
@@ -624,4 +625,34 @@ proptest! {
         prop_assert!(OffsetData::new(offset).is_err());
         prop_assert!(OffsetData::decode(PATH, offset.to_string().as_bytes()).is_err());
     }
+}
+
+const SNAPSHOT: &str =
+    r#"{"version":1,"created_ms":1700000000000,"offsets":{"clicks":{"0":42,"1":17},"views":{"3":0}}}"#;
+
+fn snapshot() -> OffsetSnapshot {
+    let p = |n: i32| Partition::new(n).unwrap();
+    let o = |n: i64| OffsetData::new(n).unwrap();
+    OffsetSnapshot {
+        created_ms: 1_700_000_000_000,
+        offsets: [
+            ("clicks".to_owned(), [(p(0), o(42)), (p(1), o(17))].into_iter().collect()),
+            ("views".to_owned(), [(p(3), o(0))].into_iter().collect()),
+        ]
+        .into_iter()
+        .collect(),
+    }
+}
+
+#[test]
+fn offset_snapshot_golden() {
+    assert_golden(&snapshot(), SNAPSHOT);
+    assert_ignores_unknown_fields::<OffsetSnapshot>(SNAPSHOT);
+}
+
+#[test]
+fn offset_snapshot_garbage() {
+    assert_rejects_json_garbage::<OffsetSnapshot>(SNAPSHOT, 2);
+    assert_rejects::<OffsetSnapshot>(SNAPSHOT.replace("42", "-42").as_bytes(), "must not be negative");
+    assert_rejects::<OffsetSnapshot>(SNAPSHOT.replace("\"1\":17", "\"x\":17").as_bytes(), "");
 }

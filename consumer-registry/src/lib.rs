@@ -8,6 +8,8 @@
 //! live in `cluster-state` (`znode::kafka`, `paths`).
 //!
 //! Layout:
+//! - `admin.rs`: [`admin::Admin`], the operators' offsets (`squall offsets`): read with owners,
+//!   plan a reset (clamped), write it in one transaction, export / import, snapshots.
 //! - `assign.rs`: the pure decisions: range and round-robin assignment, the ownership diff.
 //! - `config.rs`: [`RegistryConfig`], Kafka's consumer config names and defaults.
 //! - `error.rs`: the crate's one error enum.
@@ -55,6 +57,7 @@
 //! # }
 //! ```
 
+pub mod admin;
 mod assign;
 mod config;
 mod error;

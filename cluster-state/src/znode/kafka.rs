@@ -303,3 +303,56 @@ impl ZnodeData for TopicRegistration {
         decode_json::<Self>(path, bytes, 1..=3).map(|(_, registration)| registration)
     }
 }
+
+/// A named snapshot of a consumer group's committed offsets, Squall's own, at
+/// `/consumers/[group]/squall-snapshots/[name]` (Kafka's tools ignore children they do not
+/// know), written by `squall offsets snapshot` and read back by `reset --from-snapshot` to
+/// replay data:
+///
+/// ```json
+/// {"version":1,"created_ms":1700000000000,"offsets":{"clicks":{"0":42,"1":17}}}
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct OffsetSnapshot {
+    /// When it was taken, milliseconds since the epoch.
+    pub created_ms: u64,
+    /// Topic -> partition -> committed offset.
+    pub offsets: BTreeMap<String, BTreeMap<Partition, OffsetData>>,
+}
+
+impl<'de> Deserialize<'de> for OffsetData {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let offset = i64::deserialize(deserializer)?;
+        OffsetData::new(offset).map_err(de::Error::custom)
+    }
+}
+
+impl ZnodeData for OffsetSnapshot {
+    const FORMAT: &'static str = "offset-snapshot v1 JSON";
+
+    fn encode(&self) -> Vec<u8> {
+        let topics = self.offsets.iter().map(|(topic, partitions)| {
+            let inner = JsonObject::map(partitions.iter().map(|(p, o)| (p.get(), o.get())));
+            (serde_json::Value::String(topic.clone()).to_string(), inner)
+        });
+        let mut offsets = String::from("{");
+        for (i, (topic, inner)) in topics.enumerate() {
+            if i > 0 {
+                offsets.push(',');
+            }
+            offsets.push_str(&topic);
+            offsets.push(':');
+            offsets.push_str(&inner);
+        }
+        offsets.push('}');
+        JsonObject::versioned(1)
+            .field("created_ms", self.created_ms)
+            .raw("offsets", &offsets)
+            .finish()
+            .into_bytes()
+    }
+
+    fn decode(path: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
+        decode_json::<Self>(path, bytes, 1..=1).map(|(_, snapshot)| snapshot)
+    }
+}

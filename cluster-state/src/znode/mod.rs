@@ -30,7 +30,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 pub use kafka::{
-    BrokerRegistration, ConsumerRegistration, OffsetData, OwnerData, SubscriptionPattern, TopicRegistration,
+    BrokerRegistration, ConsumerRegistration, OffsetData, OffsetSnapshot, OwnerData, SubscriptionPattern,
+    TopicRegistration,
 };
 pub use storm::{
     Assignment, DelayedTransition, ErrorInfo, ExecutorAssignment, ExecutorStats, LocalWorkerHeartbeat,

@@ -1,0 +1,534 @@
+//! `squall offsets`: operators inspect, export, reset and snapshot a consumer group's offsets,
+//! talking to ZooKeeper (the consumer registry) and Kafka (partitions, earliest and log-end
+//! offsets, offsets by time) directly.
+//!
+//! ```text
+//! squall offsets describe --group G [--topic T] [--output table|json]
+//! squall offsets export   --group G [--file F]
+//! squall offsets reset    --group G --topic T (--to-earliest | --to-latest | --to-offset N |
+//!                         --to-datetime ISO | --shift-by N | --from-file F | --from-snapshot N)
+//!                         [--dry-run | --execute]
+//! squall offsets snapshot --group G --name N [--topic T]
+//! ```
+//! with `--zookeeper host:port[/chroot]` (or the config file's servers), `--registry-chroot`
+//! (the spouts' `zookeeper_chroot`) and `--brokers` for Kafka. A reset prints its plan and
+//! changes nothing unless `--execute` is given; it is refused while the group has live members.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use cluster_state::coord::{Ensemble, SessionOptions};
+use cluster_state::ids::{GroupId, Partition, SnapshotName, Topic};
+use cluster_state::paths::KafkaPaths;
+use consumer_registry::TopicPartition;
+use consumer_registry::admin::{Admin, PartitionState, PlanRow, ResetTo, export_lines, parse_export, plan};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde_json::json;
+
+use crate::config::ClusterConfig;
+
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the registry and the brokers are.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Connection {
+    /// ZooKeeper of the consumer registry, `host:port[,host:port][/chroot]` (default: the config
+    /// file's storm.zookeeper.servers, else 127.0.0.1:2181).
+    #[arg(long)]
+    pub zookeeper: Option<String>,
+    /// The registry's chroot inside that ZooKeeper (the spouts' `zookeeper_chroot`).
+    #[arg(long, value_name = "PATH")]
+    pub registry_chroot: Option<String>,
+    /// Kafka brokers, `host:port,...` (for partitions, log-end offsets and lag).
+    #[arg(long)]
+    pub brokers: Option<String>,
+    /// Cluster config file (for storm.zookeeper.servers).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// `squall offsets ...`.
+#[derive(Debug, clap::Args)]
+pub struct OffsetsCommand {
+    #[command(subcommand)]
+    pub verb: OffsetsVerb,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum OffsetsVerb {
+    /// Group Topic Partition Offset LogEnd Lag Owner, per partition (Kafka's ConsumerOffsetChecker).
+    Describe {
+        #[arg(long)]
+        group: String,
+        #[arg(long)]
+        topic: Option<String>,
+        /// `table` or `json`.
+        #[arg(long, default_value = "table")]
+        output: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// The committed offsets in Kafka's ExportZkOffsets format.
+    Export {
+        #[arg(long)]
+        group: String,
+        /// Write to this file instead of stdout.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Plan (and with --execute, write) new committed offsets.
+    Reset(Box<ResetArgs>),
+    /// Keep the group's committed offsets under a name, for `reset --from-snapshot`.
+    Snapshot {
+        #[arg(long)]
+        group: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        topic: Option<String>,
+        #[command(flatten)]
+        connection: Connection,
+    },
+}
+
+/// `squall offsets reset`.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("to").required(true).args([
+    "to_earliest", "to_latest", "to_offset", "to_datetime", "shift_by", "from_file", "from_snapshot"
+])))]
+pub struct ResetArgs {
+    #[arg(long)]
+    pub group: String,
+    /// The topic to reset (required except with --from-file / --from-snapshot, where it filters).
+    #[arg(long)]
+    pub topic: Option<String>,
+    #[arg(long)]
+    pub to_earliest: bool,
+    #[arg(long)]
+    pub to_latest: bool,
+    #[arg(long, value_name = "N")]
+    pub to_offset: Option<i64>,
+    /// An ISO-8601 time, e.g. 2026-11-22T10:00:00Z (no zone: UTC): the first offset at or after it.
+    #[arg(long, value_name = "ISO")]
+    pub to_datetime: Option<String>,
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub shift_by: Option<i64>,
+    /// An ExportZkOffsets file.
+    #[arg(long, value_name = "FILE")]
+    pub from_file: Option<PathBuf>,
+    /// A snapshot taken with `squall offsets snapshot`.
+    #[arg(long, value_name = "NAME")]
+    pub from_snapshot: Option<String>,
+    /// Only print the plan (the default).
+    #[arg(long, conflicts_with = "execute")]
+    pub dry_run: bool,
+    /// Write the plan.
+    #[arg(long)]
+    pub execute: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start: {e}"))
+}
+
+fn group_id(group: &str) -> Result<GroupId, String> {
+    GroupId::new(group).map_err(|e| format!("--group: {e}"))
+}
+
+fn topic_of(topic: &str) -> Result<Topic, String> {
+    Topic::new(topic).map_err(|e| format!("--topic: {e}"))
+}
+
+impl Connection {
+    fn zookeeper(&self) -> Result<String, String> {
+        if let Some(z) = &self.zookeeper {
+            return Ok(z.clone());
+        }
+        let config = ClusterConfig::load(self.config.as_deref())?;
+        Ok(config.zookeeper()?.unwrap_or_else(|| "127.0.0.1:2181".to_owned()))
+    }
+
+    fn paths(&self) -> Result<KafkaPaths, String> {
+        KafkaPaths::new(self.registry_chroot.as_deref()).map_err(|e| format!("--registry-chroot: {e}"))
+    }
+
+    fn kafka(&self) -> Result<Option<Kafka>, String> {
+        self.brokers.as_deref().map(Kafka::connect).transpose()
+    }
+}
+
+/// The broker side.
+struct Kafka {
+    consumer: BaseConsumer,
+    brokers: String,
+}
+
+impl Kafka {
+    fn connect(brokers: &str) -> Result<Kafka, String> {
+        let consumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", "squall-offsets-tool")
+            .set("enable.auto.commit", "false")
+            .create()
+            .map_err(|e| format!("Kafka client for {brokers}: {e}"))?;
+        Ok(Kafka { consumer, brokers: brokers.to_owned() })
+    }
+
+    /// The topic's partitions; an unknown topic is an error naming it.
+    fn partitions(&self, topic: &Topic) -> Result<Vec<Partition>, String> {
+        let metadata = self
+            .consumer
+            .fetch_metadata(Some(topic.as_str()), KAFKA_TIMEOUT)
+            .map_err(|e| format!("Kafka at {}: metadata of topic {topic}: {e}", self.brokers))?;
+        let t = metadata.topics().iter().find(|t| t.name() == topic.as_str());
+        let partitions: Vec<Partition> = t
+            .filter(|t| t.error().is_none())
+            .map(|t| t.partitions().iter().filter_map(|p| Partition::new(p.id()).ok()).collect())
+            .unwrap_or_default();
+        if partitions.is_empty() {
+            return Err(format!("topic {topic} does not exist on the brokers at {}", self.brokers));
+        }
+        Ok(partitions)
+    }
+
+    /// `(earliest, log end)` of a partition.
+    fn range(&self, tp: &TopicPartition) -> Result<(i64, i64), String> {
+        self.consumer.fetch_watermarks(tp.topic.as_str(), tp.partition.get(), KAFKA_TIMEOUT).map_err(|e| {
+            format!("Kafka at {}: offsets of {} partition {}: {e}", self.brokers, tp.topic, tp.partition)
+        })
+    }
+
+    /// The first offset at or after `ms` in each partition (the log end when none is).
+    fn at_time(&self, tps: &[TopicPartition], ms: i64) -> Result<BTreeMap<TopicPartition, i64>, String> {
+        let mut list = TopicPartitionList::new();
+        for tp in tps {
+            list.add_partition_offset(tp.topic.as_str(), tp.partition.get(), Offset::Offset(ms))
+                .map_err(|e| e.to_string())?;
+        }
+        let found = self
+            .consumer
+            .offsets_for_times(list, KAFKA_TIMEOUT)
+            .map_err(|e| format!("Kafka at {}: offsets by time: {e}", self.brokers))?;
+        let mut out = BTreeMap::new();
+        for tp in tps {
+            let offset = match found.find_partition(tp.topic.as_str(), tp.partition.get()).map(|e| e.offset())
+            {
+                Some(Offset::Offset(o)) => o,
+                _ => self.range(tp)?.1,
+            };
+            out.insert(tp.clone(), offset);
+        }
+        Ok(out)
+    }
+}
+
+/// Milliseconds since the epoch of an ISO-8601 date-time: `YYYY-MM-DDTHH:MM[:SS[.fff]]` with
+/// `Z`, `±HH:MM` or no zone (UTC).
+pub fn parse_datetime(text: &str) -> Result<i64, String> {
+    let bad = || format!("--to-datetime {text:?}: expected an ISO-8601 time like 2026-11-22T10:00:00Z");
+    let (date, time) = text.split_once(['T', ' ']).ok_or_else(bad)?;
+    let d: Vec<&str> = date.split('-').collect();
+    let [y, mo, da] = d.as_slice() else { return Err(bad()) };
+    let num =
+        |s: &str, lo: i64, hi: i64| s.parse::<i64>().ok().filter(|v| (lo..=hi).contains(v)).ok_or_else(bad);
+    let (year, month, day) = (num(y, 1970, 9999)?, num(mo, 1, 12)?, num(da, 1, 31)?);
+    let (clock, offset_secs) = if let Some(c) = time.strip_suffix('Z') {
+        (c, 0)
+    } else if let Some(i) = time.rfind(['+', '-']).filter(|&i| i >= 5) {
+        let (c, zone) = time.split_at(i);
+        let sign = if zone.starts_with('-') { -1 } else { 1 };
+        let (h, m) = zone[1..].split_once(':').ok_or_else(bad)?;
+        (c, sign * (num(h, 0, 23)? * 3600 + num(m, 0, 59)? * 60))
+    } else {
+        (time, 0)
+    };
+    let (hms, frac) = clock.split_once('.').unwrap_or((clock, ""));
+    let t: Vec<&str> = hms.split(':').collect();
+    let (h, mi, s) = match t.as_slice() {
+        [h, m] => (num(h, 0, 23)?, num(m, 0, 59)?, 0),
+        [h, m, s] => (num(h, 0, 23)?, num(m, 0, 59)?, num(s, 0, 60)?),
+        _ => return Err(bad()),
+    };
+    let millis = if frac.is_empty() {
+        0
+    } else if frac.bytes().all(|b| b.is_ascii_digit()) {
+        format!("{frac:0<3}")[..3].parse::<i64>().map_err(|_| bad())?
+    } else {
+        return Err(bad());
+    };
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let (y, m) = if month <= 2 { (year - 1, month + 9) } else { (year, month - 3) };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Ok((days * 86_400 + h * 3600 + mi * 60 + s - offset_secs) * 1000 + millis)
+}
+
+/// Runs `squall offsets`.
+pub fn execute(cmd: OffsetsCommand) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        match cmd.verb {
+            OffsetsVerb::Describe { group, topic, output, connection } => {
+                describe(&group, topic.as_deref(), &output, &connection).await
+            }
+            OffsetsVerb::Export { group, file, connection } => export(&group, file, &connection).await,
+            OffsetsVerb::Reset(args) => reset(*args).await,
+            OffsetsVerb::Snapshot { group, name, topic, connection } => {
+                snapshot(&group, &name, topic.as_deref(), &connection).await
+            }
+        }
+    })
+}
+
+async fn session(connection: &Connection) -> Result<cluster_state::coord::Session, String> {
+    let zookeeper = connection.zookeeper()?;
+    let options = SessionOptions { connect_timeout: Duration::from_secs(10), ..Default::default() };
+    Ensemble::zookeeper(zookeeper.clone())
+        .connect(&options)
+        .await
+        .map_err(|e| format!("cannot connect to ZooKeeper at {zookeeper}: {e} (pass --zookeeper)"))
+}
+
+async fn describe(
+    group: &str,
+    topic: Option<&str>,
+    output: &str,
+    connection: &Connection,
+) -> Result<(), String> {
+    if output != "table" && output != "json" {
+        return Err(format!("--output {output:?}: table or json"));
+    }
+    let group = group_id(group)?;
+    let topic = topic.map(topic_of).transpose()?;
+    let kafka = connection.kafka()?;
+    let session = session(connection).await?;
+    let admin = Admin::new(&session, connection.paths()?);
+    let read = admin.read(&group, topic.as_ref()).await.map_err(|e| e.to_string())?;
+    let mut partitions: BTreeSet<TopicPartition> = read.keys().cloned().collect();
+    if let Some(kafka) = &kafka {
+        let topics: BTreeSet<Topic> =
+            topic.iter().cloned().chain(read.keys().map(|tp| tp.topic.clone())).collect();
+        for t in topics {
+            partitions.extend(kafka.partitions(&t)?.into_iter().map(|p| TopicPartition::new(t.clone(), p)));
+        }
+    }
+    let mut rows = Vec::new();
+    for tp in partitions {
+        let state = read.get(&tp);
+        let offset = state.and_then(|s| s.committed).map(|(o, _)| o);
+        let log_end = match &kafka {
+            Some(k) => Some(k.range(&tp)?.1),
+            None => None,
+        };
+        let lag = log_end.map(|end| end - offset.unwrap_or(0));
+        rows.push(json!({
+            "group": group.as_str(), "topic": tp.topic.as_str(), "partition": tp.partition.get(),
+            "offset": offset, "logEnd": log_end, "lag": lag,
+            "owner": state.and_then(|s| s.owner.clone()),
+        }));
+    }
+    let _ = session.close().await;
+    if output == "json" {
+        println!("{}", serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?);
+        return Ok(());
+    }
+    let cell = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => "-".to_owned(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    println!(
+        "{:<20} {:<20} {:>9} {:>12} {:>12} {:>10}  Owner",
+        "Group", "Topic", "Partition", "Offset", "LogEnd", "Lag"
+    );
+    for r in &rows {
+        println!(
+            "{:<20} {:<20} {:>9} {:>12} {:>12} {:>10}  {}",
+            cell(&r["group"]),
+            cell(&r["topic"]),
+            cell(&r["partition"]),
+            cell(&r["offset"]),
+            cell(&r["logEnd"]),
+            cell(&r["lag"]),
+            r["owner"].as_str().unwrap_or("none")
+        );
+    }
+    if kafka.is_none() {
+        eprintln!("(LogEnd and Lag need the brokers: pass --brokers)");
+    }
+    Ok(())
+}
+
+fn committed(read: &BTreeMap<TopicPartition, PartitionState>) -> BTreeMap<TopicPartition, i64> {
+    read.iter().filter_map(|(tp, s)| s.committed.map(|(o, _)| (tp.clone(), o))).collect()
+}
+
+async fn export(group: &str, file: Option<PathBuf>, connection: &Connection) -> Result<(), String> {
+    let group = group_id(group)?;
+    let session = session(connection).await?;
+    let read =
+        Admin::new(&session, connection.paths()?).read(&group, None).await.map_err(|e| e.to_string())?;
+    let _ = session.close().await;
+    let text = export_lines(&group, &committed(&read));
+    match file {
+        Some(path) => {
+            std::fs::write(&path, &text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            eprintln!("exported {} offsets of group {group} to {}", text.lines().count(), path.display());
+        }
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
+async fn snapshot(
+    group: &str,
+    name: &str,
+    topic: Option<&str>,
+    connection: &Connection,
+) -> Result<(), String> {
+    let group = group_id(group)?;
+    let name = SnapshotName::new(name).map_err(|e| format!("--name: {e}"))?;
+    let topic = topic.map(topic_of).transpose()?;
+    let session = session(connection).await?;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let taken = Admin::new(&session, connection.paths()?)
+        .snapshot(&group, &name, topic.as_ref(), now_ms)
+        .await
+        .map_err(|e| e.to_string())?;
+    let _ = session.close().await;
+    let count: usize = taken.offsets.values().map(BTreeMap::len).sum();
+    println!(
+        "snapshot {name} of group {group}: {count} partition offsets; replay with `squall offsets reset --group {group} --from-snapshot {name} --execute`"
+    );
+    Ok(())
+}
+
+async fn reset(args: ResetArgs) -> Result<(), String> {
+    let group = group_id(&args.group)?;
+    let topic = args.topic.as_deref().map(topic_of).transpose()?;
+    let from_given = args.from_file.is_some() || args.from_snapshot.is_some();
+    if topic.is_none() && !from_given {
+        return Err("--topic is required (except with --from-file or --from-snapshot)".into());
+    }
+    let kafka = connection_kafka(&args.connection)?;
+    let session = session(&args.connection).await?;
+    let admin = Admin::new(&session, args.connection.paths()?);
+    let read = admin.read(&group, topic.as_ref()).await.map_err(|e| e.to_string())?;
+    let given = if let Some(path) = &args.from_file {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let mut offsets =
+            parse_export(&text, &group, &path.display().to_string()).map_err(|e| e.to_string())?;
+        offsets.retain(|tp, _| topic.as_ref().is_none_or(|t| &tp.topic == t));
+        Some(offsets)
+    } else if let Some(name) = &args.from_snapshot {
+        let name = SnapshotName::new(name.as_str()).map_err(|e| format!("--from-snapshot: {e}"))?;
+        Some(admin.read_snapshot(&group, &name, topic.as_ref()).await.map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
+    let topics: BTreeSet<Topic> = match &given {
+        Some(g) => g.keys().map(|tp| tp.topic.clone()).collect(),
+        None => topic.iter().cloned().collect(),
+    };
+    let mut ranges = BTreeMap::new();
+    for t in &topics {
+        for p in kafka.partitions(t)? {
+            let tp = TopicPartition::new(t.clone(), p);
+            ranges.insert(tp.clone(), kafka.range(&tp)?);
+        }
+    }
+    let to = if let Some(g) = given {
+        ResetTo::Given(g)
+    } else if args.to_earliest {
+        ResetTo::Earliest
+    } else if args.to_latest {
+        ResetTo::Latest
+    } else if let Some(o) = args.to_offset {
+        ResetTo::Offset(o)
+    } else if let Some(n) = args.shift_by {
+        ResetTo::ShiftBy(n)
+    } else if let Some(iso) = &args.to_datetime {
+        let ms = parse_datetime(iso)?;
+        let tps: Vec<TopicPartition> = ranges.keys().cloned().collect();
+        ResetTo::Given(kafka.at_time(&tps, ms)?)
+    } else {
+        return Err("say where to reset to (--to-earliest, --to-latest, ...)".into());
+    };
+    let current: BTreeMap<TopicPartition, Option<i64>> = ranges
+        .keys()
+        .map(|tp| (tp.clone(), read.get(tp).and_then(|s| s.committed).map(|(o, _)| o)))
+        .collect();
+    let rows = plan(&current, &ranges, &to).map_err(|e| e.to_string())?;
+    print_plan(&group, &rows);
+    if !args.execute {
+        println!("dry run: nothing was written; add --execute to apply");
+        let _ = session.close().await;
+        return Ok(());
+    }
+    admin.write(&group, &read, &rows).await.map_err(|e| e.to_string())?;
+    let _ = session.close().await;
+    println!("reset {} partition offsets of group {group}", rows.len());
+    Ok(())
+}
+
+fn connection_kafka(connection: &Connection) -> Result<Kafka, String> {
+    connection
+        .kafka()?
+        .ok_or_else(|| "a reset checks partitions and their ranges on the brokers: pass --brokers".to_owned())
+}
+
+fn print_plan(group: &GroupId, rows: &[PlanRow]) {
+    println!("{:<20} {:<20} {:>9} {:>12} {:>12}", "Group", "Topic", "Partition", "Current", "Target");
+    for r in rows {
+        let current = r.current.map_or_else(|| "-".to_owned(), |c| c.to_string());
+        println!(
+            "{:<20} {:<20} {:>9} {:>12} {:>12}",
+            group.as_str(),
+            r.tp.topic.as_str(),
+            r.tp.partition.get(),
+            current,
+            r.target
+        );
+        if let Some(w) = &r.warning {
+            eprintln!("warning: {} partition {}: {w}", r.tp.topic, r.tp.partition);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datetimes_parse_with_and_without_zones() {
+        assert_eq!(parse_datetime("1970-01-01T00:00:00Z").unwrap(), 0);
+        assert_eq!(parse_datetime("2026-11-22T10:00:00Z").unwrap(), 1_795_341_600_000);
+        assert_eq!(parse_datetime("2026-11-22T11:00:00+01:00").unwrap(), 1_795_341_600_000);
+        assert_eq!(parse_datetime("2026-11-22T09:30:00.250-00:30").unwrap(), 1_795_341_600_250);
+        assert_eq!(parse_datetime("2026-11-22 10:00").unwrap(), 1_795_341_600_000);
+        for bad in [
+            "yesterday",
+            "2026-13-01T00:00:00Z",
+            "2026-11-22",
+            "2026-11-22T25:00:00Z",
+            "2026-11-22T10:00:00.x",
+        ] {
+            let err = parse_datetime(bad).unwrap_err();
+            assert!(err.contains(bad) && err.contains("ISO-8601"), "{bad}: {err}");
+        }
+    }
+}
