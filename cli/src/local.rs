@@ -570,6 +570,14 @@ async fn run_cluster(
         }
         let totals = read_totals(&session, &paths, &id, layout, components).await;
         let errors = client.get(&format!("/api/v1/topology/{id}/errors")).await.ok();
+        // Remove the topology (its znodes matter with a real --zookeeper, which outlives us).
+        if let Err(e) = client.post(&format!("/api/v1/topology/{id}/kill/0"), &json!({})).await {
+            eprintln!("squall local: could not kill {id}: {e}");
+        }
+        let removed = Instant::now() + DRAIN;
+        while Instant::now() < removed && session.exists(&paths.storm(&id)).await.is_ok_and(|s| s.is_some()) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let _ = session.close().await;
         Ok::<_, String>((started.elapsed(), totals, errors))
     }

@@ -223,7 +223,14 @@ impl Kafka {
             let offset = match found.find_partition(tp.topic.as_str(), tp.partition.get()).map(|e| e.offset())
             {
                 Some(Offset::Offset(o)) => o,
-                _ => self.range(tp)?.1,
+                // No message at or after the time: the log end.
+                Some(Offset::End) => self.range(tp)?.1,
+                other => {
+                    return Err(format!(
+                        "Kafka at {}: {} partition {} has no offset for that time ({other:?}); the broker may not support lookups by time",
+                        self.brokers, tp.topic, tp.partition
+                    ));
+                }
             };
             out.insert(tp.clone(), offset);
         }
