@@ -5,7 +5,8 @@
 //!
 //! `cargo bench -p kafka-spout --bench throughput` (needs tansu: `SQUALL_TANSU` or on PATH).
 //! `SQUALL_BENCH_MESSAGES` (default 1,000,000 100-byte messages, 8 partitions).
-//! Knobs for investigating: `SQUALL_BENCH_ACKERS` (`0`: acking off), `SQUALL_BENCH_SPOUT_WAIT_MS`.
+//! Knobs for investigating: `SQUALL_BENCH_ACKERS` (`0`: acking off), `SQUALL_BENCH_SPOUT_WAIT_MS`,
+//! `SQUALL_BENCH_RDKAFKA` (`key=value,...` passed to the spout's librdkafka consumer).
 //! The spout's registry is the in-memory ensemble: ZooKeeper only sees a commit every
 //! `offsets.commit.interval.ms`, which is not what is measured here.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -120,6 +121,13 @@ fn spout_topology(bootstrap: &str, n: u64, run: usize) -> Run {
         ..KafkaSpoutConfig::default()
     };
     config.librdkafka.insert("fetch.wait.max.ms".into(), "10".into());
+    for (k, v) in std::env::var("SQUALL_BENCH_RDKAFKA")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|kv| kv.split_once('='))
+    {
+        config.librdkafka.insert(k.into(), v.into());
+    }
     let config = Arc::new(config);
     let counted = Arc::new(AtomicU64::new(0));
     let mut builder = TopologyBuilder::new("bench");
