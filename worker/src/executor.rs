@@ -273,6 +273,7 @@ fn run_spout(
                         pending: &mut pending,
                         task_index: i,
                         emitted_any: false,
+                        now: None,
                     };
                     if let Err(e) = spout.next_tuple(&mut out) {
                         out.report_error(e);
