@@ -588,6 +588,21 @@ async fn prometheus_finds_every_process_and_every_dashboard_query_has_data() {
         .await;
     }
 
+    // The dashboard's variables (`label_values(metric, label)`) have values to choose from.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/squall-dashboard.json");
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for variable in dashboard["templating"]["list"].as_array().unwrap() {
+        let Some(definition) = variable["definition"].as_str() else { continue };
+        let inner = definition.strip_prefix("label_values(").and_then(|d| d.strip_suffix(')')).unwrap();
+        let (metric, label) = inner.split_once(", ").unwrap();
+        let path = format!("/api/v1/label/{label}/values?match[]={}", encode(metric));
+        eventually(60, &format!("values of variable {}", variable["name"]), || async {
+            let reply = prometheus_get(&prometheus, &path).await?;
+            (!reply["data"].as_array()?.is_empty()).then_some(())
+        })
+        .await;
+    }
+
     // promtool accepts every process's /metrics.
     for target in &targets {
         let url = target["scrapeUrl"].as_str().unwrap();
