@@ -456,7 +456,10 @@ fn bad_input_is_named_and_changes_nothing() {
             "2026-02-30".into(),
         ),
         (reset(&["--topic", "nope", "--to-earliest", "--execute"]), "topic nope does not exist".into()),
-        (reset(&["--from-snapshot", "missing", "--execute"]), "no snapshot missing".into()),
+        (
+            reset(&["--from-snapshot", "missing", "--execute"]),
+            "no snapshot missing of group bad_input (it has kept)".into(),
+        ),
         (reset(&["--to-earliest", "--execute"]), "--topic is required".into()),
         (reset(&["--topic", TOPIC, "--to-earliest", "--dry-run", "--execute"]), "cannot be used with".into()),
         (reset(&["--topic", TOPIC, "--to-earliest", "--to-latest"]), "cannot be used with".into()),

@@ -34,9 +34,10 @@ pub enum AdminError {
     #[error("{source_name} line {line}: {reason}")]
     BadLine { source_name: String, line: usize, reason: String },
     #[error(
-        "no snapshot {name} of group {group}; `squall offsets snapshot --group {group} --name {name}` makes one"
+        "no snapshot {name} of group {group} ({}); `squall offsets snapshot --group {group} --name {name}` makes one",
+        if available.is_empty() { "it has none".to_owned() } else { format!("it has {}", available.join(", ")) }
     )]
-    UnknownSnapshot { group: GroupId, name: SnapshotName },
+    UnknownSnapshot { group: GroupId, name: SnapshotName, available: Vec<String> },
     #[error("snapshot {name} of group {group} already exists; choose another name")]
     SnapshotExists { group: GroupId, name: SnapshotName },
     #[error(
@@ -350,7 +351,9 @@ impl<'a> Admin<'a> {
     ) -> Result<BTreeMap<TopicPartition, i64>, AdminError> {
         let path = self.paths.snapshot(group, name);
         let Some((snapshot, _)) = none_if_missing(self.session.read::<OffsetSnapshot>(&path).await)? else {
-            return Err(AdminError::UnknownSnapshot { group: group.clone(), name: name.clone() });
+            let mut available = self.snapshots(group).await?;
+            available.sort();
+            return Err(AdminError::UnknownSnapshot { group: group.clone(), name: name.clone(), available });
         };
         let mut out = BTreeMap::new();
         for (t, partitions) in snapshot.offsets {
