@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cluster_state::coord::{Ensemble, SessionOptions};
 use cluster_state::ids::{GroupId, Partition, SnapshotName, Topic};
@@ -25,7 +25,6 @@ use consumer_registry::TopicPartition;
 use consumer_registry::admin::{Admin, PartitionState, PlanRow, ResetTo, export_lines, parse_export, plan};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use serde_json::json;
 
 use crate::config::ClusterConfig;
 
@@ -64,9 +63,8 @@ pub enum OffsetsVerb {
         group: String,
         #[arg(long)]
         topic: Option<String>,
-        /// `table` or `json`.
-        #[arg(long, default_value = "table")]
-        output: String,
+        #[arg(long, value_enum, default_value_t = Output::Table)]
+        output: Output,
         #[command(flatten)]
         connection: Connection,
     },
@@ -93,6 +91,15 @@ pub enum OffsetsVerb {
         #[command(flatten)]
         connection: Connection,
     },
+}
+
+/// How `describe` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// Aligned columns, as ConsumerOffsetChecker prints them.
+    Table,
+    /// A JSON array of rows (keys group, topic, partition, offset, logEnd, lag, owner).
+    Json,
 }
 
 /// `squall offsets reset`.
@@ -185,10 +192,9 @@ impl Kafka {
 
     /// The topic's partitions; an unknown topic is an error naming it.
     fn partitions(&self, topic: &Topic) -> Result<Vec<Partition>, String> {
-        let metadata = self
-            .consumer
-            .fetch_metadata(Some(topic.as_str()), KAFKA_TIMEOUT)
-            .map_err(|e| format!("Kafka at {}: metadata of topic {topic}: {e}", self.brokers))?;
+        let metadata = self.consumer.fetch_metadata(Some(topic.as_str()), KAFKA_TIMEOUT).map_err(|e| {
+            format!("Kafka at {}: metadata of topic {topic}: {e} (check --brokers)", self.brokers)
+        })?;
         let t = metadata.topics().iter().find(|t| t.name() == topic.as_str());
         let partitions: Vec<Partition> = t
             .filter(|t| t.error().is_none())
@@ -205,6 +211,27 @@ impl Kafka {
         self.consumer.fetch_watermarks(tp.topic.as_str(), tp.partition.get(), KAFKA_TIMEOUT).map_err(|e| {
             format!("Kafka at {}: offsets of {} partition {}: {e}", self.brokers, tp.topic, tp.partition)
         })
+    }
+
+    /// `(earliest, log end)` of each partition, one request each; progress on stderr when it
+    /// takes more than a second (hundreds of partitions, a slow broker).
+    fn ranges(&self, tps: &[TopicPartition]) -> Result<BTreeMap<TopicPartition, (i64, i64)>, String> {
+        let started = Instant::now();
+        let mut reported = started;
+        let mut out = BTreeMap::new();
+        for (i, tp) in tps.iter().enumerate() {
+            out.insert(tp.clone(), self.range(tp)?);
+            if reported.elapsed() >= Duration::from_secs(1) {
+                reported = Instant::now();
+                eprintln!(
+                    "reading offsets from Kafka at {}: {}/{} partitions",
+                    self.brokers,
+                    i + 1,
+                    tps.len()
+                );
+            }
+        }
+        Ok(out)
     }
 
     /// The first offset at or after `ms` in each partition (the log end when none is).
@@ -247,7 +274,15 @@ pub fn parse_datetime(text: &str) -> Result<i64, String> {
     let [y, mo, da] = d.as_slice() else { return Err(bad()) };
     let num =
         |s: &str, lo: i64, hi: i64| s.parse::<i64>().ok().filter(|v| (lo..=hi).contains(v)).ok_or_else(bad);
-    let (year, month, day) = (num(y, 1970, 9999)?, num(mo, 1, 12)?, num(da, 1, 31)?);
+    let (year, month) = (num(y, 1970, 9999)?, num(mo, 1, 12)?);
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let month_days = match month {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
+    let day = num(da, 1, month_days)?;
     let (clock, offset_secs) = if let Some(c) = time.strip_suffix('Z') {
         (c, 0)
     } else if let Some(i) = time.rfind(['+', '-']).filter(|&i| i >= 5) {
@@ -287,7 +322,7 @@ pub fn execute(cmd: OffsetsCommand) -> Result<(), String> {
     runtime()?.block_on(async move {
         match cmd.verb {
             OffsetsVerb::Describe { group, topic, output, connection } => {
-                describe(&group, topic.as_deref(), &output, &connection).await
+                describe(&group, topic.as_deref(), output, &connection).await
             }
             OffsetsVerb::Export { group, file, connection } => export(&group, file, &connection).await,
             OffsetsVerb::Reset(args) => reset(*args).await,
@@ -310,71 +345,101 @@ async fn session(connection: &Connection) -> Result<cluster_state::coord::Sessio
 async fn describe(
     group: &str,
     topic: Option<&str>,
-    output: &str,
+    output: Output,
     connection: &Connection,
 ) -> Result<(), String> {
-    if output != "table" && output != "json" {
-        return Err(format!("--output {output:?}: table or json"));
-    }
     let group = group_id(group)?;
     let topic = topic.map(topic_of).transpose()?;
     let kafka = connection.kafka()?;
     let session = session(connection).await?;
     let admin = Admin::new(&session, connection.paths()?);
     let read = admin.read(&group, topic.as_ref()).await.map_err(|e| e.to_string())?;
+    let _ = session.close().await;
     let mut partitions: BTreeSet<TopicPartition> = read.keys().cloned().collect();
+    let mut log_ends = BTreeMap::new();
     if let Some(kafka) = &kafka {
         let topics: BTreeSet<Topic> =
             topic.iter().cloned().chain(read.keys().map(|tp| tp.topic.clone())).collect();
         for t in topics {
             partitions.extend(kafka.partitions(&t)?.into_iter().map(|p| TopicPartition::new(t.clone(), p)));
         }
+        let all: Vec<TopicPartition> = partitions.iter().cloned().collect();
+        log_ends = kafka.ranges(&all)?.into_iter().map(|(tp, (_, end))| (tp, end)).collect();
     }
-    let mut rows = Vec::new();
-    for tp in partitions {
-        let state = read.get(&tp);
-        let offset = state.and_then(|s| s.committed).map(|(o, _)| o);
-        let log_end = match &kafka {
-            Some(k) => Some(k.range(&tp)?.1),
-            None => None,
-        };
-        let lag = log_end.map(|end| end - offset.unwrap_or(0));
-        rows.push(json!({
-            "group": group.as_str(), "topic": tp.topic.as_str(), "partition": tp.partition.get(),
-            "offset": offset, "logEnd": log_end, "lag": lag,
-            "owner": state.and_then(|s| s.owner.clone()),
-        }));
-    }
-    let _ = session.close().await;
-    if output == "json" {
-        println!("{}", serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?);
-        return Ok(());
-    }
-    let cell = |v: &serde_json::Value| match v {
-        serde_json::Value::Null => "-".to_owned(),
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
-    println!(
-        "{:<20} {:<20} {:>9} {:>12} {:>12} {:>10}  Owner",
-        "Group", "Topic", "Partition", "Offset", "LogEnd", "Lag"
-    );
-    for r in &rows {
-        println!(
-            "{:<20} {:<20} {:>9} {:>12} {:>12} {:>10}  {}",
-            cell(&r["group"]),
-            cell(&r["topic"]),
-            cell(&r["partition"]),
-            cell(&r["offset"]),
-            cell(&r["logEnd"]),
-            cell(&r["lag"]),
-            r["owner"].as_str().unwrap_or("none")
-        );
+    let rows: Vec<DescribeRow> = partitions
+        .into_iter()
+        .map(|tp| {
+            let state = read.get(&tp);
+            let offset = state.and_then(|s| s.committed).map(|(o, _)| o);
+            let log_end = log_ends.get(&tp).copied();
+            DescribeRow {
+                group: group.to_string(),
+                topic: tp.topic.to_string(),
+                partition: tp.partition.get(),
+                offset,
+                log_end,
+                // ConsumerOffsetChecker's "unknown" without a committed offset: where the
+                // consumer starts then depends on its auto.offset.reset.
+                lag: offset.zip(log_end).map(|(o, end)| end - o),
+                owner: state.and_then(|s| s.owner.clone()),
+            }
+        })
+        .collect();
+    match output {
+        Output::Json => {
+            println!("{}", serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?);
+        }
+        Output::Table => print!("{}", describe_table(&rows)),
     }
     if kafka.is_none() {
         eprintln!("(LogEnd and Lag need the brokers: pass --brokers)");
     }
     Ok(())
+}
+
+/// One row of `describe`: ConsumerOffsetChecker's columns.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DescribeRow {
+    pub group: String,
+    pub topic: String,
+    pub partition: i32,
+    /// The committed offset (`None`: nothing committed).
+    pub offset: Option<i64>,
+    /// The broker's log end (`None`: no `--brokers`).
+    pub log_end: Option<i64>,
+    pub lag: Option<i64>,
+    /// The owning consumer thread (`None`: unowned).
+    pub owner: Option<String>,
+}
+
+/// The table as ConsumerOffsetChecker prints it: `unknown` offset and lag when nothing is
+/// committed, `none` for no owner; `-` for what was not asked (no `--brokers`).
+pub fn describe_table(rows: &[DescribeRow]) -> String {
+    let line = |cells: [&str; 7]| {
+        let [g, t, p, o, e, l, w] = cells;
+        format!("{g:<20} {t:<20} {p:>9} {o:>12} {e:>12} {l:>10}  {w}\n")
+    };
+    let mut out = line(["Group", "Topic", "Partition", "Offset", "LogEnd", "Lag", "Owner"]);
+    for r in rows {
+        let offset = r.offset.map_or_else(|| "unknown".to_owned(), |o| o.to_string());
+        let log_end = r.log_end.map_or_else(|| "-".to_owned(), |e| e.to_string());
+        let lag = match (r.lag, r.log_end) {
+            (Some(l), _) => l.to_string(),
+            (None, Some(_)) => "unknown".to_owned(),
+            (None, None) => "-".to_owned(),
+        };
+        out.push_str(&line([
+            &r.group,
+            &r.topic,
+            &r.partition.to_string(),
+            &offset,
+            &log_end,
+            &lag,
+            r.owner.as_deref().unwrap_or("none"),
+        ]));
+    }
+    out
 }
 
 fn committed(read: &BTreeMap<TopicPartition, PartitionState>) -> BTreeMap<TopicPartition, i64> {
@@ -423,73 +488,138 @@ async fn snapshot(
     Ok(())
 }
 
+/// Where a reset goes, with everything that can be checked without a connection checked.
+enum Target {
+    Earliest,
+    Latest,
+    Offset(i64),
+    ShiftBy(i64),
+    /// Milliseconds since the epoch.
+    Time(i64),
+    File(BTreeMap<TopicPartition, i64>),
+    Snapshot(SnapshotName),
+}
+
+impl Target {
+    /// Reads the arguments (the file too): bad input fails here, before anything is contacted.
+    fn from_args(args: &ResetArgs, group: &GroupId) -> Result<Target, String> {
+        Ok(if let Some(path) = &args.from_file {
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            Target::File(parse_export(&text, group, &path.display().to_string()).map_err(|e| e.to_string())?)
+        } else if let Some(name) = &args.from_snapshot {
+            Target::Snapshot(SnapshotName::new(name.as_str()).map_err(|e| format!("--from-snapshot: {e}"))?)
+        } else if args.to_earliest {
+            Target::Earliest
+        } else if args.to_latest {
+            Target::Latest
+        } else if let Some(o) = args.to_offset {
+            Target::Offset(o)
+        } else if let Some(n) = args.shift_by {
+            Target::ShiftBy(n)
+        } else if let Some(iso) = &args.to_datetime {
+            Target::Time(parse_datetime(iso)?)
+        } else {
+            return Err("say where to reset to (--to-earliest, --to-latest, ...)".into());
+        })
+    }
+}
+
 async fn reset(args: ResetArgs) -> Result<(), String> {
     let group = group_id(&args.group)?;
     let topic = args.topic.as_deref().map(topic_of).transpose()?;
-    let from_given = args.from_file.is_some() || args.from_snapshot.is_some();
-    if topic.is_none() && !from_given {
+    let target = Target::from_args(&args, &group)?;
+    if topic.is_none() && !matches!(target, Target::File(_) | Target::Snapshot(_)) {
         return Err("--topic is required (except with --from-file or --from-snapshot)".into());
     }
     let kafka = connection_kafka(&args.connection)?;
     let session = session(&args.connection).await?;
-    let admin = Admin::new(&session, args.connection.paths()?);
-    let read = admin.read(&group, topic.as_ref()).await.map_err(|e| e.to_string())?;
-    let given = if let Some(path) = &args.from_file {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let mut offsets =
-            parse_export(&text, &group, &path.display().to_string()).map_err(|e| e.to_string())?;
-        offsets.retain(|tp, _| topic.as_ref().is_none_or(|t| &tp.topic == t));
-        Some(offsets)
-    } else if let Some(name) = &args.from_snapshot {
-        let name = SnapshotName::new(name.as_str()).map_err(|e| format!("--from-snapshot: {e}"))?;
-        Some(admin.read_snapshot(&group, &name, topic.as_ref()).await.map_err(|e| e.to_string())?)
-    } else {
-        None
-    };
-    let topics: BTreeSet<Topic> = match &given {
-        Some(g) => g.keys().map(|tp| tp.topic.clone()).collect(),
-        None => topic.iter().cloned().collect(),
-    };
-    let mut ranges = BTreeMap::new();
-    for t in &topics {
-        for p in kafka.partitions(t)? {
-            let tp = TopicPartition::new(t.clone(), p);
-            ranges.insert(tp.clone(), kafka.range(&tp)?);
-        }
+    let result = reset_with(&args, &group, topic.as_ref(), target, &kafka, &session).await;
+    let _ = session.close().await;
+    result
+}
+
+async fn reset_with(
+    args: &ResetArgs,
+    group: &GroupId,
+    topic: Option<&Topic>,
+    target: Target,
+    kafka: &Kafka,
+    session: &cluster_state::coord::Session,
+) -> Result<(), String> {
+    let admin = Admin::new(session, args.connection.paths()?);
+    let read = admin.read(group, topic).await.map_err(|e| e.to_string())?;
+    // A datetime needs the partitions before it can be looked up; everything else is known.
+    enum Resolved {
+        Known(ResetTo),
+        Time(i64),
     }
-    let to = if let Some(g) = given {
-        ResetTo::Given(g)
-    } else if args.to_earliest {
-        ResetTo::Earliest
-    } else if args.to_latest {
-        ResetTo::Latest
-    } else if let Some(o) = args.to_offset {
-        ResetTo::Offset(o)
-    } else if let Some(n) = args.shift_by {
-        ResetTo::ShiftBy(n)
-    } else if let Some(iso) = &args.to_datetime {
-        let ms = parse_datetime(iso)?;
-        let tps: Vec<TopicPartition> = ranges.keys().cloned().collect();
-        ResetTo::Given(kafka.at_time(&tps, ms)?)
-    } else {
-        return Err("say where to reset to (--to-earliest, --to-latest, ...)".into());
+    let resolved = match target {
+        Target::File(mut offsets) => {
+            offsets.retain(|tp, _| topic.is_none_or(|t| &tp.topic == t));
+            if offsets.is_empty() {
+                let file = args.from_file.as_deref().map(|f| f.display().to_string()).unwrap_or_default();
+                return Err(format!("{file} has no offsets{}: nothing to reset", for_topic(topic)));
+            }
+            Resolved::Known(ResetTo::Given(offsets))
+        }
+        Target::Snapshot(name) => {
+            let offsets = admin.read_snapshot(group, &name, topic).await.map_err(|e| e.to_string())?;
+            if offsets.is_empty() {
+                return Err(format!("snapshot {name} has no offsets{}: nothing to reset", for_topic(topic)));
+            }
+            Resolved::Known(ResetTo::Given(offsets))
+        }
+        Target::Earliest => Resolved::Known(ResetTo::Earliest),
+        Target::Latest => Resolved::Known(ResetTo::Latest),
+        Target::Offset(o) => Resolved::Known(ResetTo::Offset(o)),
+        Target::ShiftBy(n) => Resolved::Known(ResetTo::ShiftBy(n)),
+        Target::Time(ms) => Resolved::Time(ms),
+    };
+    let topics: BTreeSet<Topic> = match &resolved {
+        Resolved::Known(ResetTo::Given(given)) => given.keys().map(|tp| tp.topic.clone()).collect(),
+        _ => topic.into_iter().cloned().collect(),
+    };
+    let mut tps = Vec::new();
+    for t in &topics {
+        tps.extend(kafka.partitions(t)?.into_iter().map(|p| TopicPartition::new(t.clone(), p)));
+    }
+    let ranges = kafka.ranges(&tps)?;
+    let to = match resolved {
+        Resolved::Known(to) => to,
+        Resolved::Time(ms) => ResetTo::Given(kafka.at_time(&tps, ms)?),
     };
     let current: BTreeMap<TopicPartition, Option<i64>> = ranges
         .keys()
         .map(|tp| (tp.clone(), read.get(tp).and_then(|s| s.committed).map(|(o, _)| o)))
         .collect();
     let rows = plan(&current, &ranges, &to).map_err(|e| e.to_string())?;
-    print_plan(&group, &rows);
+    print_plan(group, &rows);
     if !args.execute {
+        let members = admin.members(group).await.map_err(|e| e.to_string())?;
+        if !members.is_empty() {
+            println!(
+                "note: group {group} has {} live member(s) ({}); --execute is refused until they stop (squall deactivate or kill the topology)",
+                members.len(),
+                members.join(", ")
+            );
+        }
         println!("dry run: nothing was written; add --execute to apply");
-        let _ = session.close().await;
         return Ok(());
     }
-    admin.write(&group, &read, &rows).await.map_err(|e| e.to_string())?;
-    let _ = session.close().await;
+    let joined = admin.write(group, &read, &rows).await.map_err(|e| e.to_string())?;
     println!("reset {} partition offsets of group {group}", rows.len());
+    if !joined.is_empty() {
+        eprintln!(
+            "warning: {} joined group {group} while the reset was written and may commit over it; stop it and check with `squall offsets describe --group {group}`",
+            joined.join(", ")
+        );
+    }
     Ok(())
+}
+
+fn for_topic(topic: Option<&Topic>) -> String {
+    topic.map(|t| format!(" for topic {t}")).unwrap_or_default()
 }
 
 fn connection_kafka(connection: &Connection) -> Result<Kafka, String> {
@@ -521,18 +651,51 @@ mod tests {
     use super::*;
 
     #[test]
+    fn describe_prints_unknown_none_and_dash_as_consumer_offset_checker() {
+        let row = |offset: Option<i64>, log_end: Option<i64>, owner: Option<&str>| DescribeRow {
+            group: "g".into(),
+            topic: "t".into(),
+            partition: 0,
+            offset,
+            log_end,
+            lag: offset.zip(log_end).map(|(o, e)| e - o),
+            owner: owner.map(str::to_owned),
+        };
+        let cases = [
+            (row(Some(5), Some(9), Some("g_h-1-a-0")), ["5", "9", "4", "g_h-1-a-0"]),
+            (row(None, Some(9), None), ["unknown", "9", "unknown", "none"]),
+            (row(Some(5), None, None), ["5", "-", "-", "none"]),
+            (row(None, None, Some("c-0")), ["unknown", "-", "-", "c-0"]),
+        ];
+        for (r, cells) in cases {
+            let table = describe_table(std::slice::from_ref(&r));
+            let printed: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+            assert_eq!(printed[..3], ["g", "t", "0"]);
+            assert_eq!(printed[3..], cells, "{r:?}");
+        }
+        let json = serde_json::to_value(row(None, Some(9), None)).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"group":"g","topic":"t","partition":0,"offset":null,"logEnd":9,"lag":null,"owner":null})
+        );
+    }
+
+    #[test]
     fn datetimes_parse_with_and_without_zones() {
         assert_eq!(parse_datetime("1970-01-01T00:00:00Z").unwrap(), 0);
         assert_eq!(parse_datetime("2026-11-22T10:00:00Z").unwrap(), 1_795_341_600_000);
         assert_eq!(parse_datetime("2026-11-22T11:00:00+01:00").unwrap(), 1_795_341_600_000);
         assert_eq!(parse_datetime("2026-11-22T09:30:00.250-00:30").unwrap(), 1_795_341_600_250);
         assert_eq!(parse_datetime("2026-11-22 10:00").unwrap(), 1_795_341_600_000);
+        assert_eq!(parse_datetime("2028-02-29T00:00:00Z").unwrap(), 1_835_395_200_000);
         for bad in [
             "yesterday",
             "2026-13-01T00:00:00Z",
             "2026-11-22",
             "2026-11-22T25:00:00Z",
             "2026-11-22T10:00:00.x",
+            "2026-02-29T00:00:00Z",
+            "2026-04-31T00:00:00Z",
         ] {
             let err = parse_datetime(bad).unwrap_err();
             assert!(err.contains(bad) && err.contains("ISO-8601"), "{bad}: {err}");

@@ -34,15 +34,37 @@ pub enum AdminError {
     #[error("{source_name} line {line}: {reason}")]
     BadLine { source_name: String, line: usize, reason: String },
     #[error(
-        "no snapshot {name} of group {group}; `squall offsets snapshot --group {group} --name {name}` makes one"
+        "no snapshot {name} of group {group} ({}); `squall offsets snapshot --group {group} --name {name}` makes one",
+        if available.is_empty() { "it has none".to_owned() } else { format!("it has {}", available.join(", ")) }
     )]
-    UnknownSnapshot { group: GroupId, name: SnapshotName },
+    UnknownSnapshot { group: GroupId, name: SnapshotName, available: Vec<String> },
     #[error("snapshot {name} of group {group} already exists; choose another name")]
     SnapshotExists { group: GroupId, name: SnapshotName },
+    #[error(
+        "group {group} has no committed offsets{} to snapshot; let its consumers commit first",
+        topic.as_ref().map(|t| format!(" for topic {t}")).unwrap_or_default()
+    )]
+    NothingCommitted { group: GroupId, topic: Option<Topic> },
+    #[error(
+        "the offsets of group {group} changed while the reset was written ({source}); nothing was changed, run it again"
+    )]
+    ChangedMeanwhile { group: GroupId, source: coord::Error },
     #[error("{0}")]
     Invalid(String),
     #[error(transparent)]
     Coord(#[from] coord::Error),
+}
+
+impl AdminError {
+    /// Whether running the same command again can succeed without the operator changing
+    /// anything: a concurrent change or a lost connection, not bad input or live members.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            AdminError::ChangedMeanwhile { .. } => true,
+            AdminError::Coord(e) => e.is_retryable(),
+            _ => false,
+        }
+    }
 }
 
 /// One partition of a group as ZooKeeper holds it.
@@ -252,12 +274,18 @@ impl<'a> Admin<'a> {
     }
 
     /// Writes `plan` in one transaction; see the module docs. Refused while members live.
+    ///
+    /// ZooKeeper cannot make "`/ids` has no children" part of a `multi` (a check op compares
+    /// a node's data version, which new children do not change), so a consumer could register
+    /// between the membership check and the write and later commit over the reset. The
+    /// members are read again after the write and returned: normally empty, otherwise the
+    /// caller warns that the reset may be overwritten.
     pub async fn write(
         &self,
         group: &GroupId,
         read: &BTreeMap<TopicPartition, PartitionState>,
         plan: &[PlanRow],
-    ) -> Result<(), AdminError> {
+    ) -> Result<Vec<String>, AdminError> {
         let members = self.members(group).await?;
         if !members.is_empty() {
             return Err(AdminError::LiveMembers { group: group.clone(), members });
@@ -276,12 +304,12 @@ impl<'a> Admin<'a> {
             }
         }
         self.session.multi(&ops).await.map_err(|e| match e {
-            coord::Error::MultiFailed { .. } => AdminError::Invalid(format!(
-                "the offsets changed while the reset was written ({e}); nothing was changed, run it again"
-            )),
+            e @ coord::Error::MultiFailed { .. } => {
+                AdminError::ChangedMeanwhile { group: group.clone(), source: e }
+            }
             other => AdminError::Coord(other),
         })?;
-        Ok(())
+        self.members(group).await
     }
 
     /// Stores the group's committed offsets (of `topic`, if given) as snapshot `name`.
@@ -299,6 +327,9 @@ impl<'a> Admin<'a> {
                 let o = OffsetData::new(o).map_err(|e| AdminError::Invalid(e.to_string()))?;
                 offsets.entry(tp.topic.to_string()).or_default().insert(tp.partition, o);
             }
+        }
+        if offsets.is_empty() {
+            return Err(AdminError::NothingCommitted { group: group.clone(), topic: topic.cloned() });
         }
         let snapshot = OffsetSnapshot { created_ms: now_ms, offsets };
         let path = self.paths.snapshot(group, name);
@@ -320,7 +351,9 @@ impl<'a> Admin<'a> {
     ) -> Result<BTreeMap<TopicPartition, i64>, AdminError> {
         let path = self.paths.snapshot(group, name);
         let Some((snapshot, _)) = none_if_missing(self.session.read::<OffsetSnapshot>(&path).await)? else {
-            return Err(AdminError::UnknownSnapshot { group: group.clone(), name: name.clone() });
+            let mut available = self.snapshots(group).await?;
+            available.sort();
+            return Err(AdminError::UnknownSnapshot { group: group.clone(), name: name.clone(), available });
         };
         let mut out = BTreeMap::new();
         for (t, partitions) in snapshot.offsets {
@@ -384,6 +417,35 @@ mod tests {
         );
         let row = &plan(&current, &ranges, &ResetTo::Offset(500)).unwrap()[0];
         assert!(row.warning.as_ref().unwrap().contains("500 is outside [10, 100]"), "{row:?}");
+    }
+
+    #[test]
+    fn plans_at_the_edges() {
+        // (range, committed, reset, target, warned)
+        let cases = [
+            ((0, 0), None, ResetTo::Offset(5), 0, true),
+            ((0, 0), Some(0), ResetTo::Latest, 0, false),
+            ((7, 7), Some(3), ResetTo::ShiftBy(0), 7, true),
+            ((0, 100), Some(90), ResetTo::ShiftBy(i64::MAX), 100, true),
+            ((0, 100), Some(10), ResetTo::ShiftBy(i64::MIN), 0, true),
+            ((20, 100), None, ResetTo::ShiftBy(5), 25, false),
+            ((0, 100), Some(150), ResetTo::ShiftBy(0), 100, true),
+            ((0, 100), Some(40), ResetTo::Offset(-1), 0, true),
+        ];
+        for (range, committed, to, target, warned) in cases {
+            let ranges: BTreeMap<_, _> = [(tp("t", 0), range)].into_iter().collect();
+            let current: BTreeMap<_, _> = [(tp("t", 0), committed)].into_iter().collect();
+            let rows = plan(&current, &ranges, &to).unwrap();
+            assert_eq!(rows.len(), 1);
+            assert_eq!(
+                (rows[0].target, rows[0].warning.is_some()),
+                (target, warned),
+                "{range:?} {committed:?} {to:?}"
+            );
+            assert_eq!(rows[0].current, committed);
+        }
+        let none = plan(&BTreeMap::new(), &BTreeMap::new(), &ResetTo::Earliest).unwrap();
+        assert!(none.is_empty());
     }
 
     #[test]
