@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cluster_state::coord::{Ensemble, Session, SessionOptions};
 use cluster_state::ids::{ExecutorId, SupervisorId, TopologyId, WorkerSlot};
@@ -32,16 +32,9 @@ fn free_port() -> u16 {
 async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
     secs: u64,
     what: &str,
-    mut check: impl FnMut() -> F,
+    check: impl FnMut() -> F,
 ) -> T {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out after {secs} s waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    test_harness::eventually(Duration::from_secs(secs), what, check).await
 }
 
 fn pids_mentioning(marker: &str) -> Vec<i32> {

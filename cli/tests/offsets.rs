@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cluster_state::coord::{CreateMode, Ensemble, Session, SessionOptions};
 use kafka_spout::{KafkaSpout, KafkaSpoutConfig, SpoutEnv};
@@ -30,19 +30,7 @@ const TOPIC: &str = "events";
 const PARTITIONS: i32 = 4;
 const WAIT: Duration = Duration::from_secs(60);
 
-/// Polls `cond` every 10 ms until it holds or `within` passes; returns whether it held.
-fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+use test_harness::wait_until;
 
 fn text(out: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))

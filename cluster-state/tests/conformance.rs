@@ -109,19 +109,12 @@ async fn zookeeper(test: &str) -> Fixture {
 }
 
 /// Polls `check` until it returns `Some`, failing the test at the deadline.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    test_harness::eventually(DEADLINE, what, check).await
 }
 
 async fn fired(watch: Watch) -> WatchEvent {

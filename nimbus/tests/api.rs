@@ -166,15 +166,8 @@ fn parse_reply(raw: &[u8]) -> Reply {
     Reply { status, headers, body: raw[split + 4..].to_vec() }
 }
 
-async fn eventually<T, Fut: Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> Fut) -> T {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+async fn eventually<T, Fut: Future<Output = Option<T>>>(what: &str, check: impl FnMut() -> Fut) -> T {
+    test_harness::eventually(Duration::from_secs(20), what, check).await
 }
 
 fn base(status: TopologyStatus) -> StormBase {

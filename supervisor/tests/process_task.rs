@@ -93,11 +93,8 @@ async fn settle(
 }
 
 async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    test_harness::eventually(Duration::from_secs(10), what, || std::future::ready(done().then_some(())))
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -51,15 +51,8 @@ fn start(ensemble: &Ensemble) -> Running {
     Running { cancel, task, ports }
 }
 
-async fn eventually<T, Fut: Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> Fut) -> T {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn eventually<T, Fut: Future<Output = Option<T>>>(what: &str, check: impl FnMut() -> Fut) -> T {
+    test_harness::eventually(Duration::from_secs(15), what, check).await
 }
 
 /// The registration as it stands, and the session holding it.

@@ -24,19 +24,12 @@ use tokio_util::sync::CancellationToken;
 pub const DEADLINE: Duration = Duration::from_secs(30);
 
 /// Polls `check` until it returns `Some`, failing the test at `deadline`.
-pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let until = Instant::now() + deadline;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < until, "timed out after {deadline:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    test_harness::eventually(deadline, what, check).await
 }
 
 pub fn topic(name: &str) -> Topic {

@@ -92,8 +92,10 @@
 
 mod relay;
 mod spawn;
+mod wait;
 
 pub use relay::TcpRelay;
+pub use wait::{eventually, wait_until};
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
