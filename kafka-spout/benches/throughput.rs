@@ -6,7 +6,8 @@
 //! `cargo bench -p kafka-spout --bench throughput` (needs tansu: `SQUALL_TANSU` or on PATH).
 //! `SQUALL_BENCH_MESSAGES` (default 1,000,000 100-byte messages, 8 partitions).
 //! Knobs for investigating: `SQUALL_BENCH_ACKERS` (`0`: acking off), `SQUALL_BENCH_SPOUT_WAIT_MS`,
-//! `SQUALL_BENCH_RDKAFKA` (`key=value,...` passed to the spout's librdkafka consumer).
+//! `SQUALL_BENCH_RDKAFKA` (`key=value,...` passed to the spout's librdkafka consumer),
+//! `SQUALL_BENCH_TIMELINE` (set: print the spout's acked count every 100 ms, to see stalls).
 //! The spout's registry is the in-memory ensemble: ZooKeeper only sees a commit every
 //! `offsets.commit.interval.ms`, which is not what is measured here.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -154,8 +155,15 @@ fn spout_topology(bootstrap: &str, n: u64, run: usize) -> Run {
             .sum::<u64>()
     };
     let deadline = start + Duration::from_secs(600);
+    let mut marks: Vec<(u128, u64)> = Vec::new();
     while acked() < n && Instant::now() < deadline {
+        if marks.last().is_none_or(|(t, _)| start.elapsed().as_millis() - t >= 100) {
+            marks.push((start.elapsed().as_millis(), acked()));
+        }
         std::thread::sleep(Duration::from_millis(2));
+    }
+    if std::env::var("SQUALL_BENCH_TIMELINE").is_ok() {
+        eprintln!("timeline (ms, acked): {marks:?}");
     }
     let run = Run { secs: start.elapsed().as_secs_f64(), cpu: cpu_seconds() - cpu };
     assert_eq!(acked(), n, "spout acked everything");
