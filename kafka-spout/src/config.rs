@@ -53,6 +53,10 @@ pub struct KafkaSpoutConfig {
     pub retry: RetryPolicy,
     /// Squall's: the most messages one `next_tuple` call emits (amortises locking).
     pub emit_batch: u32,
+    /// Squall's: the most messages a task keeps in flight (emitted, not yet acked, kept for
+    /// replay). It bounds the spout's memory when `topology.max.spout.pending` is unset
+    /// (Storm's default); the smaller of the two applies.
+    pub max_in_flight: u32,
     /// Any other librdkafka consumer property, passed through (e.g. `fetch.wait.max.ms`).
     pub librdkafka: BTreeMap<String, String>,
 }
@@ -73,6 +77,7 @@ impl Default for KafkaSpoutConfig {
             registry: RegistryConfig::default(),
             retry: RetryPolicy::default(),
             emit_batch: 64,
+            max_in_flight: 100_000,
             librdkafka: BTreeMap::new(),
         }
     }
@@ -98,6 +103,9 @@ impl KafkaSpoutConfig {
             .map_err(|e| invalid("group_id", e.to_string()))?;
         if self.offsets_commit_interval_ms == 0 {
             return Err(invalid("offsets_commit_interval_ms", "must be greater than 0"));
+        }
+        if self.max_in_flight == 0 {
+            return Err(invalid("max_in_flight", "must be greater than 0"));
         }
         if self.emit_batch == 0 {
             return Err(invalid("emit_batch", "must be greater than 0"));

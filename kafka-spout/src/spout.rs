@@ -316,6 +316,7 @@ struct Running {
     handle: MemberHandle,
     stale_acks: IntCounter,
     emit_batch: usize,
+    max_in_flight: usize,
     max_pending: Option<usize>,
     retry: RetryPolicy,
 }
@@ -416,6 +417,7 @@ impl KafkaSpout {
             thread: Some(thread),
             handle,
             emit_batch: config.emit_batch as usize,
+            max_in_flight: config.max_in_flight as usize,
             max_pending: context.config.max_spout_pending.map(|m| m as usize),
             retry: config.retry.clone(),
         });
@@ -432,6 +434,12 @@ impl Running {
         if state.paused {
             return Ok(());
         }
+        // Every message in flight is kept for its replay: new ones are bounded (and with them
+        // the memory); replays of those already kept are not, or a full window of failures
+        // could never drain.
+        let in_flight: usize =
+            state.parts.values().flat_map(|p| p.values()).map(|p| p.offsets.outstanding()).sum();
+        let mut room = self.max_in_flight.saturating_sub(in_flight);
         // Replays first, oldest due first per partition.
         let now = Instant::now();
         for part in state.parts.values_mut().flat_map(|p| p.values_mut()) {
@@ -448,7 +456,7 @@ impl Running {
                 }
             }
         }
-        while budget > 0 {
+        while budget > 0 && room > 0 {
             let Some(polled) = self.consumer.poll(Duration::ZERO) else { break };
             let message = match polled {
                 Ok(m) => m,
@@ -504,6 +512,7 @@ impl Running {
             }
             part.emitted.inc();
             budget -= 1;
+            room -= 1;
             out.emit(values, Some(id.encode()))?;
         }
         Ok(())

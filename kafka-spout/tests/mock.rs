@@ -316,3 +316,26 @@ streams:
     assert!(wait_until(WAIT, || metric(&rig.metrics, "squall_kafka_bolt_written_total", &[]) >= 1000.0));
     cluster.shutdown(Duration::from_secs(5));
 }
+
+#[test]
+fn messages_in_flight_are_bounded_without_max_spout_pending() {
+    let kafka = MockKafka::start(&[("bounded", 2)]);
+    produce(&kafka.bootstrap(), "bounded", 2, 0..300);
+    let rig = Rig::new();
+    let record = Arc::new(Record::default());
+    // Nothing is ever acked (and nothing times out during the test): without a bound the spout
+    // would keep all 300 for replay; Storm's default max.spout.pending (unbounded) is in force.
+    fn never(_: &Seen, _: usize) -> Verdict {
+        Verdict::Drop
+    }
+    let topology =
+        TopologyConfig { message_timeout_secs: 600, max_spout_pending: None, ..TopologyConfig::default() };
+    let config = KafkaSpoutConfig { max_in_flight: 25, ..spout_config(&kafka.bootstrap(), "bounded", "g7") };
+    let cluster = rig.start("t7", config, 1, &record, never, topology);
+    let emitted = || metric(&rig.metrics, "squall_spout_emitted_total", &[("component", "kafka")]);
+    assert!(wait_until(WAIT, || emitted() >= 25.0), "the spout emits up to its bound");
+    // It then stays there: watch for a while that nothing more goes out.
+    assert!(!wait_until(Duration::from_millis(1500), || emitted() > 25.0), "emitted {} > 25", emitted());
+    assert_eq!(record.seen.lock().unwrap().len(), 25);
+    cluster.shutdown(Duration::from_secs(1));
+}
