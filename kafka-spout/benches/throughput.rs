@@ -8,6 +8,8 @@
 //! Knobs for investigating: `SQUALL_BENCH_ACKERS` (`0`: acking off), `SQUALL_BENCH_SPOUT_WAIT_MS`,
 //! `SQUALL_BENCH_RDKAFKA` (`key=value,...` passed to the spout's librdkafka consumer),
 //! `SQUALL_BENCH_TIMELINE` (set: print the spout's acked count every 100 ms, to see stalls).
+//! `SQUALL_BENCH_THREADS` (set: per thread of the spout topology, time on a CPU, runnable and
+//! asleep during the run: says whether the spout thread computes or waits).
 //! The spout's registry is the in-memory ensemble: ZooKeeper only sees a commit every
 //! `offsets.commit.interval.ms`, which is not what is measured here.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -42,6 +44,26 @@ fn cpu_seconds() -> f64 {
     let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
     // Fields 14 and 15 of stat (utime, stime) are 11 and 12 after the command name.
     (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Per thread name of this process: nanoseconds on a CPU, nanoseconds runnable but waiting
+/// for one, and time slices, from /proc/self/task/*/schedstat (threads still alive). What is
+/// left of the wall time is time the thread slept (blocked on a queue, a lock or a timeout).
+fn sched() -> std::collections::BTreeMap<String, (u64, u64, u64)> {
+    let mut m = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return m };
+    for e in tasks.flatten() {
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default().trim().to_owned();
+        let st = std::fs::read_to_string(e.path().join("schedstat")).unwrap_or_default();
+        let v: Vec<u64> = st.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        if v.len() == 3 {
+            let x = m.entry(comm).or_insert((0, 0, 0));
+            x.0 += v[0];
+            x.1 += v[1];
+            x.2 += v[2];
+        }
+    }
+    m
 }
 
 fn produce(bootstrap: &str, n: u64) {
@@ -166,6 +188,19 @@ fn spout_topology(bootstrap: &str, n: u64, run: usize) -> Run {
         eprintln!("timeline (ms, acked): {marks:?}");
     }
     let run = Run { secs: start.elapsed().as_secs_f64(), cpu: cpu_seconds() - cpu };
+    if std::env::var_os("SQUALL_BENCH_THREADS").is_some() {
+        // The executors' and librdkafka's threads (alive until shutdown below).
+        for (name, (on_cpu, runqueue, slices)) in sched() {
+            if ["kafka", "count", "__acker", "rdk:"].iter().any(|p| name.starts_with(p)) {
+                eprintln!(
+                    "  {name:16} on cpu {:5.0} ms, runnable {:4.0} ms, asleep {:5.0} ms ({slices} slices)",
+                    on_cpu as f64 / 1e6,
+                    runqueue as f64 / 1e6,
+                    (run.secs * 1e3 - (on_cpu + runqueue) as f64 / 1e6).max(0.0),
+                );
+            }
+        }
+    }
     assert_eq!(acked(), n, "spout acked everything");
     assert!(counted.load(Ordering::Relaxed) >= n);
     cluster.shutdown(Duration::from_secs(5));
