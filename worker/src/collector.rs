@@ -260,7 +260,7 @@ impl Emitter {
         }
         self.emitted += 1;
         let n = targets.len();
-        let mut values = Some(values);
+        let mut values = Some(crate::tuple::TupleValues::from_vec(values));
         for (i, task) in targets.iter().enumerate() {
             let anchors = anchors_for(&mut self.rng);
             let vals = if i + 1 == n {

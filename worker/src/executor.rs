@@ -449,7 +449,7 @@ fn run_bolt(
             next_tick = Some(Instant::now() + *every);
             for ctx in &contexts {
                 let t = Tuple {
-                    values: vec![Value::Int(every.as_secs() as i64)],
+                    values: [Value::Int(every.as_secs() as i64)].into_iter().collect(),
                     meta: meta.clone(),
                     source_task: TaskId(0),
                     anchors: Anchors::None,

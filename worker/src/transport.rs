@@ -154,7 +154,7 @@ pub(crate) fn decode_batch(mut buf: Bytes, table: &StreamTable, peer: &str) -> R
                 let anchors =
                     (0..n).map(|_| Anchor { root: buf.get_u64_le(), edge: buf.get_u64_le() }).collect();
                 let n = buf.get_u16_le() as usize;
-                let mut values = Vec::with_capacity(n);
+                let mut values = crate::tuple::TupleValues::with_capacity(n);
                 for _ in 0..n {
                     need(&buf, 1, peer)?;
                     let v = match buf.get_u8() {
@@ -570,7 +570,7 @@ mod tests {
             .map(|(i, (v, a))| Envelope::Tuple {
                 task: TaskId(i as u32 + 1),
                 tuple: Tuple {
-                    values: v.clone(),
+                    values: v.iter().cloned().collect(),
                     meta: count.clone(),
                     source_task: TaskId(9),
                     anchors: a.clone(),
