@@ -9,7 +9,8 @@
 //! over loopback TCP): spout, split and acker in one, count in the other, so every word crosses
 //! a serialised hop (and every ack crosses back); CPU is both children's user + sys.
 //!
-//! `cargo bench -p worker --bench wordcount [-- <sentences> [--two-only]]` (default 2,000,000);
+//! `cargo bench -p worker --bench wordcount [-- <sentences> [--only hop|wc|latency|two]]` (default
+//! 2,000,000);
 //! `BATCH=<n>` overrides `topology.producer.batch.size` (default 64).
 
 // As in the `squall` binary: glibc malloc with frees on other threads (tuples cross executors)
@@ -301,19 +302,24 @@ fn main() {
         return;
     }
     let items: u64 = args.iter().find_map(|a| a.parse().ok()).unwrap_or(2_000_000);
-    // `--two-only`: only the two-process runs (for profiling).
-    let two_only = args.iter().any(|a| a == "--two-only");
-    if !two_only {
-        one_process(items);
+    // `--only <hop|wc|latency|two>` runs one part (for profiling); `--two-only` = `--only two`.
+    let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).map(String::as_str);
+    let only = if args.iter().any(|a| a == "--two-only") { Some("two") } else { only };
+    let part = |name: &str| only.is_none_or(|o| o == name);
+    one_process(items, &part);
+    if part("two") {
+        two_processes(items);
     }
-    two_processes(items);
 }
 
-fn one_process(items: u64) {
+fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
+    if !part("hop") && !part("wc") && !part("latency") {
+        return;
+    }
     println!(
         "one hop, generator -> bolt in one worker, {items} tuples (~100-byte sentences), median of 3 runs"
     );
-    for acking in [false, true] {
+    for acking in [false, true].into_iter().filter(|_| part("hop")) {
         let runs: Vec<Run> = (0..3).filter_map(|_| hop_run(acking, items)).collect();
         if runs.len() < 3 {
             println!("acking {}: a run did not finish", if acking { "on" } else { "off" });
@@ -329,7 +335,7 @@ fn one_process(items: u64) {
     }
     println!("word count, one worker in-process, {items} sentences, median of 3 runs");
     let mut max_rate = 0.0;
-    for acking in [false, true] {
+    for acking in [false, true].into_iter().filter(|a| part("wc") || (*a && part("latency"))) {
         let runs: Vec<Run> = (0..3).filter_map(|_| run(acking, items)).collect();
         if runs.len() < 3 {
             println!("acking {}: a run did not finish", if acking { "on" } else { "off" });
@@ -340,7 +346,7 @@ fn one_process(items: u64) {
             max_rate = sps;
         }
     }
-    if max_rate > 0.0 {
+    if max_rate > 0.0 && part("latency") {
         let rate = max_rate / 2.0;
         let runs: Vec<Run> = (0..3).filter_map(|_| latency_run(rate, 3)).collect();
         let p50 = median(runs.iter().map(|r| r.p50_us as f64).collect());

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::acker::{AckLedger, AckMsg, RotatingMap};
 use crate::collector::{
-    Batch, BoltCollector, Emitter, Envelope, ErrorSender, OutStream, SharedRoutes, SpoutCollector,
+    Batch, BoltCollector, Emitter, Envelope, ErrorSender, OutStream, Sent, SharedRoutes, SpoutCollector,
     SpoutPending, Subscriber,
 };
 use crate::component::{Bolt, Spout, TopologyContext};
@@ -399,6 +399,7 @@ fn run_bolt(
     let mut acked = 0u64;
     let mut failed = 0u64;
 
+    let mut inputs = Inputs::new(&shared.table);
     let mut execute = |bolts: &mut Vec<Box<dyn Bolt>>,
                        em: &mut Emitter,
                        task: TaskId,
@@ -428,8 +429,10 @@ fn run_bolt(
         match inbox.recv_timeout(timeout) {
             Ok(mut b) => loop {
                 for env in b.drain(..) {
-                    if let Envelope::Tuple { task, tuple } = env {
-                        execute(&mut bolts, &mut em, task, &tuple, &mut acked, &mut failed);
+                    if let Envelope::Tuple { task, tuple } = env
+                        && let Some(tuple) = inputs.take(tuple)
+                    {
+                        execute(&mut bolts, &mut em, task, tuple, &mut acked, &mut failed);
                     }
                 }
                 match inbox.try_recv() {
@@ -471,6 +474,39 @@ fn run_bolt(
     }
     for b in bolts.iter_mut() {
         b.cleanup();
+    }
+}
+
+/// Turns tuples in flight into the [`Tuple`]s a bolt sees, with this executor's own copy of
+/// every stream's metadata. One `Tuple` is reused while consecutive inputs share a stream, so
+/// taking an input touches no reference count (a bolt that keeps a clone keeps its own).
+struct Inputs {
+    metas: Vec<Arc<StreamMeta>>,
+    current: Option<Tuple>,
+}
+
+impl Inputs {
+    fn new(table: &StreamTable) -> Self {
+        Inputs { metas: table.metas.iter().map(|m| Arc::new(StreamMeta::clone(m))).collect(), current: None }
+    }
+
+    /// The tuple for `sent`; `None` for a stream this worker does not know (never the case for
+    /// envelopes built in this topology).
+    fn take(&mut self, sent: Sent) -> Option<&Tuple> {
+        let Sent { values, stream, source_task, anchors } = sent;
+        match &mut self.current {
+            Some(t) if t.meta.index == stream => {
+                t.values = values;
+                t.source_task = source_task;
+                t.anchors = anchors;
+                t.ack_val = 0.into();
+            }
+            slot => {
+                let meta = self.metas.get(stream as usize)?.clone();
+                *slot = Some(Tuple { values, meta, source_task, anchors, ack_val: 0.into() });
+            }
+        }
+        self.current.as_ref()
     }
 }
 
@@ -518,5 +554,57 @@ fn run_acker(shared: Shared, mut em: Emitter, inbox: Receiver<Batch>, stats: Arc
         if shared.cancel.is_cancelled() {
             break;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builtin::{SentenceParams, SentenceSpout, SplitSentence, WordCount};
+    use crate::topology::TopologyBuilder;
+
+    #[test]
+    fn inputs_reuse_a_tuple_only_within_one_stream() {
+        let mut b = TopologyBuilder::new("t");
+        b.set_spout("s", 1, || SentenceSpout::new(SentenceParams::default()));
+        b.set_bolt("split", 1, SplitSentence::default).shuffle_grouping("s");
+        b.set_bolt("count", 1, WordCount::default).fields_grouping("split", ["word"]);
+        let table = StreamTable::new(&b.build().unwrap());
+        let stream_of = |c: &str| table.metas.iter().find(|m| m.component.as_str() == c).unwrap().index;
+        let (s, split) = (stream_of("s"), stream_of("split"));
+        let anchor = Anchors::One(crate::tuple::Anchor { root: 1, edge: 2 });
+        let sent = |stream, text: &str, task, anchors: &Anchors| Sent {
+            values: [Value::from(text)].into_iter().collect(),
+            stream,
+            source_task: TaskId(task),
+            anchors: anchors.clone(),
+        };
+        let mut inputs = Inputs::new(&table);
+        let mut kept = Vec::new();
+        for (stream, text, task, anchors) in [
+            (s, "a b", 1, &anchor),
+            (s, "c d", 1, &Anchors::None),
+            (split, "w", 2, &anchor),
+            (s, "e", 1, &Anchors::None),
+        ] {
+            let t = inputs.take(sent(stream, text, task, anchors)).unwrap();
+            t.ack_val.xor(7);
+            let c = t.clone();
+            assert_eq!(c.get_str(0), Some(text));
+            assert_eq!(c.source_task(), TaskId(task));
+            assert_eq!(c.anchors(), anchors.as_slice());
+            assert_eq!(c.meta.index, stream);
+            kept.push(c);
+        }
+        // A reused tuple starts from a clean ack value; clones kept by a bolt are untouched.
+        let t = inputs.take(sent(s, "f", 1, &Anchors::None)).unwrap();
+        assert_eq!(t.ack_val.get(), 0);
+        let texts: Vec<_> = kept.iter().map(|t| t.get_str(0).unwrap()).collect();
+        assert_eq!(texts, ["a b", "c d", "w", "e"]);
+        assert_eq!(kept[2].source_component().as_str(), "split");
+        assert_eq!(kept[3].source_component().as_str(), "s");
+        assert!(kept.iter().all(|t| t.ack_val.get() == 7));
+        // An index no table has is refused, not a panic.
+        assert!(inputs.take(sent(999, "x", 1, &Anchors::None)).is_none());
     }
 }

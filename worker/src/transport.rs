@@ -33,10 +33,10 @@ use cluster_state::ids::TaskId;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::acker::AckMsg;
-use crate::collector::{Batch, Envelope};
+use crate::collector::{Batch, Envelope, Sent};
 use crate::error::{Error, Result};
 use crate::executor::StreamTable;
-use crate::tuple::{Anchor, Tuple, Value};
+use crate::tuple::{Anchor, Value};
 
 const MAGIC: &[u8; 4] = b"SQL1";
 /// Initial capacity of a sender's frame buffer.
@@ -71,7 +71,7 @@ fn encode_envelopes(batch: &[Envelope], out: &mut BytesMut) {
                 out.put_u8(0);
                 out.put_u32_le(task.0);
                 out.put_u32_le(tuple.source_task.0);
-                out.put_u32_le(tuple.meta.index);
+                out.put_u32_le(tuple.stream);
                 let anchors = tuple.anchors.as_slice();
                 out.put_u16_le(anchors.len() as u16);
                 for a in anchors {
@@ -143,11 +143,10 @@ pub(crate) fn decode_batch(mut buf: Bytes, table: &StreamTable, peer: &str) -> R
             0 => {
                 need(&buf, 10, peer)?;
                 let source_task = TaskId(buf.get_u32_le());
-                let index = buf.get_u32_le() as usize;
+                let index = buf.get_u32_le();
                 let meta = table
                     .metas
-                    .get(index)
-                    .cloned()
+                    .get(index as usize)
                     .ok_or_else(|| bad(peer, format!("unknown stream index {index}")))?;
                 let n = buf.get_u16_le() as usize;
                 need(&buf, n * 16 + 2, peer)?;
@@ -196,7 +195,7 @@ pub(crate) fn decode_batch(mut buf: Bytes, table: &StreamTable, peer: &str) -> R
                 }
                 out.push(Envelope::Tuple {
                     task,
-                    tuple: Tuple { values, meta, source_task, anchors, ack_val: 0.into() },
+                    tuple: Sent { values, stream: index, source_task, anchors },
                 });
             }
             1 => {
@@ -569,12 +568,11 @@ mod tests {
             .enumerate()
             .map(|(i, (v, a))| Envelope::Tuple {
                 task: TaskId(i as u32 + 1),
-                tuple: Tuple {
+                tuple: Sent {
                     values: v.iter().cloned().collect(),
-                    meta: count.clone(),
+                    stream: count.index,
                     source_task: TaskId(9),
                     anchors: a.clone(),
-                    ack_val: 0.into(),
                 },
             })
             .collect();
@@ -596,7 +594,7 @@ mod tests {
                 (Envelope::Tuple { task: ta, tuple: x }, Envelope::Tuple { task: tb, tuple: y }) => {
                     assert_eq!(ta, tb);
                     assert_eq!(x.values, y.values);
-                    assert_eq!(x.meta, y.meta);
+                    assert_eq!(x.stream, y.stream);
                     assert_eq!(x.source_task, y.source_task);
                     assert_eq!(x.anchors, y.anchors);
                 }
