@@ -133,6 +133,7 @@ impl Stored {
             if self.has_value { Value::Bytes(self.buf.slice(split..)) } else { Value::Null },
             self.timestamp.map_or(Value::Null, Value::Int),
         ]
+        .into()
     }
 }
 

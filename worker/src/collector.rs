@@ -19,7 +19,7 @@ use crate::acker::{AckMsg, RotatingMap};
 use crate::error::Error;
 use crate::grouping::{Chooser, SplitMix64};
 use crate::stats::ExecStats;
-use crate::tuple::{Anchor, Anchors, StreamMeta, Tuple, TupleValues, Values};
+use crate::tuple::{Anchor, Anchors, StreamMeta, Tuple, Values};
 
 /// A tuple in flight. Its stream travels as an index into the topology's stream table: the
 /// receiving executor attaches its own copy of the stream's metadata, so no reference count
@@ -27,7 +27,7 @@ use crate::tuple::{Anchor, Anchors, StreamMeta, Tuple, TupleValues, Values};
 /// dropped on the other cost the emitting bolt ~40% of its CPU in cache-line transfers).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Sent {
-    pub(crate) values: TupleValues,
+    pub(crate) values: Values,
     /// Index in the stream table (the same in every worker of the topology).
     pub(crate) stream: u32,
     pub(crate) source_task: TaskId,
@@ -145,7 +145,7 @@ impl Emitter {
         stats: Arc<ExecStats>,
     ) -> Self {
         let (version, routes) = shared.load();
-        let bufs = (0..routes.dests.len()).map(|_| Vec::with_capacity(batch_size)).collect();
+        let bufs = (0..routes.dests.len()).map(|_| Vec::new()).collect();
         Emitter {
             component,
             task,
@@ -194,7 +194,11 @@ impl Emitter {
         if self.bufs[dest].is_empty() {
             return;
         }
-        let batch = std::mem::replace(&mut self.bufs[dest], Vec::with_capacity(self.batch_size));
+        // The next batch starts with the capacity this one needed: a busy destination keeps
+        // full-size batches, one that gets a few tuples at a time keeps small buffers (batches
+        // are large, and an executor has one per destination).
+        let cap = self.bufs[dest].len();
+        let batch = std::mem::replace(&mut self.bufs[dest], Vec::with_capacity(cap));
         // A closed queue means its executor or connection is gone (shutdown or reconnect):
         // drop the batch, acking replays what mattered.
         match self.routes.dests[dest].try_send(batch) {
@@ -223,7 +227,7 @@ impl Emitter {
             let (version, routes) = self.shared.load();
             self.version = version;
             self.routes = routes;
-            self.bufs = (0..self.routes.dests.len()).map(|_| Vec::with_capacity(self.batch_size)).collect();
+            self.bufs = (0..self.routes.dests.len()).map(|_| Vec::new()).collect();
         }
     }
 
@@ -274,7 +278,7 @@ impl Emitter {
         }
         self.emitted += 1;
         let n = targets.len();
-        let mut values = Some(TupleValues::from_vec(values));
+        let mut values = Some(values);
         for (i, task) in targets.iter().enumerate() {
             let anchors = anchors_for(&mut self.rng);
             let vals = if i + 1 == n {
@@ -344,13 +348,18 @@ pub struct SpoutCollector<'a> {
 impl SpoutCollector<'_> {
     /// Emits on the default stream; with a `msg_id` the tuple is tracked: `ack` or `fail` of
     /// the spout is called with it when its tree completes, fails or times out.
-    pub fn emit(&mut self, values: Values, msg_id: Option<u64>) -> Result<usize, Error> {
-        self.emit_inner(crate::tuple::DEFAULT_STREAM, None, values, msg_id)
+    pub fn emit(&mut self, values: impl Into<Values>, msg_id: Option<u64>) -> Result<usize, Error> {
+        self.emit_inner(crate::tuple::DEFAULT_STREAM, None, values.into(), msg_id)
     }
 
     /// Emits on `stream`.
-    pub fn emit_stream(&mut self, stream: &str, values: Values, msg_id: Option<u64>) -> Result<usize, Error> {
-        self.emit_inner(stream, None, values, msg_id)
+    pub fn emit_stream(
+        &mut self,
+        stream: &str,
+        values: impl Into<Values>,
+        msg_id: Option<u64>,
+    ) -> Result<usize, Error> {
+        self.emit_inner(stream, None, values.into(), msg_id)
     }
 
     /// Emits on `stream` to `task`, which must subscribe with direct grouping.
@@ -358,10 +367,10 @@ impl SpoutCollector<'_> {
         &mut self,
         task: TaskId,
         stream: &str,
-        values: Values,
+        values: impl Into<Values>,
         msg_id: Option<u64>,
     ) -> Result<usize, Error> {
-        self.emit_inner(stream, Some(task), values, msg_id)
+        self.emit_inner(stream, Some(task), values.into(), msg_id)
     }
 
     /// Reports an error to `/storm/errors` (rate-limited).
@@ -428,13 +437,18 @@ pub struct BoltCollector<'a> {
 
 impl BoltCollector<'_> {
     /// Emits on the default stream, anchored to `anchors` (empty: unanchored).
-    pub fn emit(&mut self, anchors: &[&Tuple], values: Values) -> Result<usize, Error> {
-        self.emit_inner(crate::tuple::DEFAULT_STREAM, None, anchors, values)
+    pub fn emit(&mut self, anchors: &[&Tuple], values: impl Into<Values>) -> Result<usize, Error> {
+        self.emit_inner(crate::tuple::DEFAULT_STREAM, None, anchors, values.into())
     }
 
     /// Emits on `stream`, anchored to `anchors`.
-    pub fn emit_stream(&mut self, stream: &str, anchors: &[&Tuple], values: Values) -> Result<usize, Error> {
-        self.emit_inner(stream, None, anchors, values)
+    pub fn emit_stream(
+        &mut self,
+        stream: &str,
+        anchors: &[&Tuple],
+        values: impl Into<Values>,
+    ) -> Result<usize, Error> {
+        self.emit_inner(stream, None, anchors, values.into())
     }
 
     /// Emits on `stream` to `task`, which must subscribe with direct grouping.
@@ -443,9 +457,9 @@ impl BoltCollector<'_> {
         task: TaskId,
         stream: &str,
         anchors: &[&Tuple],
-        values: Values,
+        values: impl Into<Values>,
     ) -> Result<usize, Error> {
-        self.emit_inner(stream, Some(task), anchors, values)
+        self.emit_inner(stream, Some(task), anchors, values.into())
     }
 
     fn emit_inner(

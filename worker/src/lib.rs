@@ -75,4 +75,4 @@ pub use error::{Error, Result};
 pub use flux::Registry;
 pub use runtime::{LocalCluster, WorkerRuntime};
 pub use topology::{Grouping, Topology, TopologyBuilder};
-pub use tuple::{Fields, Tuple, Value, Values};
+pub use tuple::{Fields, Text, Tuple, Value, Values};

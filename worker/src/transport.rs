@@ -153,7 +153,7 @@ pub(crate) fn decode_batch(mut buf: Bytes, table: &StreamTable, peer: &str) -> R
                 let anchors =
                     (0..n).map(|_| Anchor { root: buf.get_u64_le(), edge: buf.get_u64_le() }).collect();
                 let n = buf.get_u16_le() as usize;
-                let mut values = crate::tuple::TupleValues::with_capacity(n);
+                let mut values = crate::tuple::Values::with_capacity(n);
                 for _ in 0..n {
                     need(&buf, 1, peer)?;
                     let v = match buf.get_u8() {
@@ -178,7 +178,7 @@ pub(crate) fn decode_batch(mut buf: Bytes, table: &StreamTable, peer: &str) -> R
                             if t == 4 {
                                 let s = std::str::from_utf8(&bytes)
                                     .map_err(|_| bad(peer, "string value is not UTF-8"))?;
-                                Value::Str(Arc::from(s))
+                                Value::from(s)
                             } else {
                                 Value::Bytes(bytes)
                             }

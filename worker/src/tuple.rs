@@ -22,8 +22,9 @@ pub enum Value {
     Bool(bool),
     Int(i64),
     Float(f64),
-    /// Text; cloning shares the buffer.
-    Str(Arc<str>),
+    /// Text: up to 23 bytes inline (no allocation: most words, keys and ids), longer text in
+    /// one shared buffer that clones share.
+    Str(Text),
     /// Raw bytes; cloning shares the buffer.
     Bytes(Bytes),
 }
@@ -114,16 +115,21 @@ impl fmt::Display for Value {
 
 impl From<&str> for Value {
     fn from(s: &str) -> Self {
-        Value::Str(Arc::from(s))
+        Value::Str(Text::new(s))
     }
 }
 impl From<String> for Value {
     fn from(s: String) -> Self {
-        Value::Str(Arc::from(s))
+        Value::Str(Text::from(s))
     }
 }
 impl From<Arc<str>> for Value {
     fn from(s: Arc<str>) -> Self {
+        Value::Str(Text::from(s))
+    }
+}
+impl From<Text> for Value {
+    fn from(s: Text) -> Self {
         Value::Str(s)
     }
 }
@@ -158,18 +164,23 @@ impl From<Bytes> for Value {
     }
 }
 
-/// The values of one tuple, in the order of its stream's fields.
-pub type Values = Vec<Value>;
+/// Immutable text of a [`Value::Str`]: a `&str` by deref; up to 23 bytes are stored inline,
+/// longer text is shared by clones (`Text::new`, or `From` a `&str`, `String`, `Arc<str>`).
+pub type Text = smol_str::SmolStr;
 
-/// A tuple's values as it travels: one value inline (most tuples: a sentence, a word, a
-/// message), so the executor that drops it does not free memory another thread allocated
-/// (a third of a busy bolt's CPU went to those cross-thread frees).
-pub(crate) type TupleValues = smallvec::SmallVec<[Value; 1]>;
+/// The values of one tuple, in the order of its stream's fields. One value is stored inline
+/// (most tuples: a sentence, a word, a message), so emitting allocates nothing and the executor
+/// that drops a tuple does not free memory another thread allocated. Collectors take anything
+/// `Into<Values>`: [`values!`](crate::values), a `Vec<Value>` or an array such as `[value]`.
+pub type Values = smallvec::SmallVec<[Value; 1]>;
 
 /// Builds [`Values`] from expressions convertible into [`Value`]: `values!["word", 1i64]`.
 #[macro_export]
 macro_rules! values {
-    ($($v:expr),* $(,)?) => { vec![$($crate::Value::from($v)),*] };
+    ($($v:expr),* $(,)?) => {{
+        let values: $crate::Values = ::core::iter::IntoIterator::into_iter([$($crate::Value::from($v)),*]).collect();
+        values
+    }};
 }
 
 /// The declared field names of a stream.
@@ -283,7 +294,7 @@ impl FromIterator<Anchor> for Anchors {
 /// A tuple as a bolt receives it.
 #[derive(Debug, Clone)]
 pub struct Tuple {
-    pub(crate) values: TupleValues,
+    pub(crate) values: Values,
     pub(crate) meta: Arc<StreamMeta>,
     pub(crate) source_task: TaskId,
     /// Empty for an unanchored tuple; otherwise one entry per spout tree it belongs to.
