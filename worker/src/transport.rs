@@ -467,8 +467,14 @@ impl PeerReceiver {
                         (topology_id.clone(), table.clone(), dispatch.clone(), stats.clone());
                     let peer = stream.peer_addr().map_or_else(|_| "?".to_owned(), |a| a.to_string());
                     let spawned = std::thread::Builder::new().name(format!("recv-{peer}")).spawn(move || {
+                        // Closed on an error: the accept loop keeps a handle for shutdown, so
+                        // dropping this one alone would leave the peer writing into a dead socket.
+                        let closer = stream.try_clone();
                         if let Err(e) = receive_loop(stream, &peer, &t, &table, &dispatch, &stats) {
                             tracing::warn!(%peer, error = %e, "peer connection closed");
+                            if let Ok(c) = closer {
+                                let _ = c.shutdown(Shutdown::Both);
+                            }
                         }
                     });
                     if let Err(e) = spawned {
@@ -661,6 +667,57 @@ mod tests {
             let msg = e.to_string();
             assert!(msg.contains(want) && msg.contains("10.0.0.1:6700"), "{bytes:?}: {msg}");
         }
+    }
+
+    #[test]
+    fn a_corrupt_frame_delivers_nothing_and_closes_the_connection() {
+        let table = Arc::new(table());
+        let stream = table.metas.iter().find(|m| m.component.as_str() == "split").unwrap().index;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
+        let receiver = PeerReceiver::start(
+            "127.0.0.1",
+            0,
+            "topo-1-1".into(),
+            table,
+            dispatch,
+            Arc::new(TransportStats::default()),
+        )
+        .unwrap();
+        let mut conn = TcpStream::connect(receiver.local_addr()).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write_frame(&mut conn, &hello("topo-1-1")).unwrap();
+        let word = |w: &str| Envelope::Tuple {
+            task: TaskId(3),
+            tuple: Sent {
+                values: [Value::from(w)].into_iter().collect(),
+                stream,
+                source_task: TaskId(2),
+                anchors: Anchors::None,
+            },
+        };
+        // A good frame arrives as one batch.
+        let mut good = Vec::new();
+        encode_batch(&[word("a"), word("b")], &mut good);
+        write_frame(&mut conn, &good).unwrap();
+        let batch = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(batch.len(), 2);
+        // Two good envelopes, then an unknown tag: none of the frame is delivered.
+        let mut bad = Vec::new();
+        encode_batch(&[word("c"), word("d")], &mut bad);
+        bad[..4].copy_from_slice(&3u32.to_le_bytes());
+        bad.extend_from_slice(&[9, 3, 0, 0, 0]);
+        write_frame(&mut conn, &bad).unwrap();
+        // The receiver closes the connection: the read ends (EOF or reset), then the inbox is
+        // checked with nothing more in flight.
+        let mut byte = [0u8; 1];
+        match conn.read(&mut byte) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("connection still open after a corrupt frame: {other:?}"),
+        }
+        assert!(rx.try_recv().is_err(), "part of a corrupt frame was delivered");
+        receiver.stop();
     }
 
     proptest! {
