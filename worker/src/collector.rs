@@ -176,6 +176,7 @@ impl Emitter {
     }
 
     /// Routes one envelope, handing over the destination's batch when it is full.
+    #[inline]
     pub(crate) fn send(&mut self, env: Envelope) {
         let task = env.task().0 as usize;
         let dest = self.routes.dest_of_task.get(task).copied().unwrap_or(u32::MAX);
@@ -278,17 +279,20 @@ impl Emitter {
         }
         self.emitted += 1;
         let n = targets.len();
-        let mut values = Some(values);
-        for (i, task) in targets.iter().enumerate() {
+        // Copies for all targets but the last, which takes the values themselves (moved once,
+        // straight into its envelope).
+        if let Some((last, rest)) = targets.split_last() {
+            for task in rest {
+                let anchors = anchors_for(&mut self.rng);
+                let tuple =
+                    Sent { values: values.clone(), stream: stream_index, source_task: self.task, anchors };
+                self.transferred += 1;
+                self.send(Envelope::Tuple { task: *task, tuple });
+            }
             let anchors = anchors_for(&mut self.rng);
-            let vals = if i + 1 == n {
-                values.take().unwrap_or_default()
-            } else {
-                values.clone().unwrap_or_default()
-            };
-            let tuple = Sent { values: vals, stream: stream_index, source_task: self.task, anchors };
             self.transferred += 1;
-            self.send(Envelope::Tuple { task: *task, tuple });
+            let tuple = Sent { values, stream: stream_index, source_task: self.task, anchors };
+            self.send(Envelope::Tuple { task: *last, tuple });
         }
         self.targets = targets;
         Ok(n)
