@@ -464,6 +464,7 @@ async fn run_session(
     let mut refresh = tokio::time::interval(Duration::from_secs(config.refresh_poll_secs.max(1)));
     let beat_znode = paths.workerbeat(id, &slot);
     let mut fatal: Option<Error> = None;
+    let mut assignment_gone = false;
 
     loop {
         let mut reconcile = false;
@@ -515,6 +516,7 @@ async fn run_session(
             match session.read_watch::<Assignment>(&paths.assignment(id)).await {
                 Ok((a, _, w)) => {
                     assign_watch = Some(w);
+                    assignment_gone = false;
                     match plan_of(&a).map(|(_, plan)| plan) {
                         Ok(new_plan) if new_plan.local_executors == plan.local_executors => {
                             if new_plan != plan {
@@ -532,6 +534,16 @@ async fn run_session(
                             "this slot's executors changed; waiting for the supervisor to restart the worker"
                         ),
                         Err(e) => tracing::warn!(error = %e, "assignment not applicable"),
+                    }
+                }
+                // Nimbus removed it (topology killed): the supervisor stops this worker next,
+                // as in Storm; say so once instead of warning on every refresh.
+                Err(cluster_state::coord::Error::NoNode { .. }) => {
+                    if !assignment_gone {
+                        tracing::info!(
+                            "assignment removed (topology killed); waiting for the supervisor to stop this worker"
+                        );
+                        assignment_gone = true;
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot re-read the assignment"),
