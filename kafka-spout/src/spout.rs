@@ -808,6 +808,8 @@ impl Coordinator {
                 for tp in &partitions {
                     state.remove(tp);
                 }
+                drop(state);
+                self.forget_group_gauges(&partitions);
             }
         }
     }
@@ -948,6 +950,29 @@ impl Coordinator {
         let mut state = lock(&self.state);
         for tp in partitions {
             state.remove(tp);
+        }
+        drop(state);
+        self.forget_group_gauges(partitions);
+    }
+
+    /// Drops the consumer-group gauges of partitions handed off: their new owner (maybe in
+    /// another process) reports them from now on, and a frozen lag or status left here would
+    /// show on dashboards next to the live one. Counters stay, as Prometheus counters do.
+    fn forget_group_gauges(&self, partitions: &BTreeSet<TopicPartition>) {
+        let mut windows = self.lag_windows.lock().unwrap_or_else(PoisonError::into_inner);
+        for tp in partitions {
+            windows.remove(tp);
+            self.metric_labels(tp, |l| {
+                for gauge in [
+                    &self.metrics.committed_offset,
+                    &self.metrics.log_end_offset,
+                    &self.metrics.lag,
+                    &self.metrics.lag_status,
+                ] {
+                    // Absent when the partition was never committed or measured here.
+                    let _ = gauge.remove_label_values(l);
+                }
+            });
         }
     }
 

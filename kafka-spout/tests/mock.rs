@@ -1,6 +1,7 @@
 //! The spout and the producer bolt against librdkafka's mock cluster and the in-memory
 //! registry: every message at least once (with failures), committed offsets never past an
-//! un-acked one, hand-off without double emission, pause, out-of-range reset, YAML wiring.
+//! un-acked one, hand-off without double emission, group gauges following their partitions,
+//! pause, out-of-range reset, YAML wiring.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
@@ -50,6 +51,28 @@ impl Rig {
         let record = record.clone();
         builder.set_bolt("record", 2, move || Recorder::new(&record, decide)).shuffle_grouping("kafka");
         LocalCluster::start(builder.build().unwrap()).unwrap()
+    }
+}
+
+impl Rig {
+    /// Another process on the same ZooKeeper: its own metrics registry.
+    fn another_process(&self) -> Rig {
+        let metrics = prometheus::Registry::new();
+        let mut env = SpoutEnv::register(&metrics).unwrap();
+        env.ensemble = Some(self.ensemble.clone());
+        Rig { ensemble: self.ensemble.clone(), metrics, env }
+    }
+
+    /// Partitions of `group` that this process's gauge `name` has a series for.
+    fn gauge_partitions(&self, name: &str, group: &str) -> BTreeSet<i32> {
+        let families = self.metrics.gather();
+        let Some(family) = families.iter().find(|f| f.name() == name) else { return BTreeSet::new() };
+        family
+            .get_metric()
+            .iter()
+            .filter(|m| m.get_label().iter().any(|l| l.name() == "group" && l.value() == group))
+            .filter_map(|m| m.get_label().iter().find(|l| l.name() == "partition")?.value().parse().ok())
+            .collect()
     }
 }
 
@@ -338,4 +361,47 @@ fn messages_in_flight_are_bounded_without_max_spout_pending() {
     assert!(!wait_until(Duration::from_millis(1500), || emitted() > 25.0), "emitted {} > 25", emitted());
     assert_eq!(record.seen.lock().unwrap().len(), 25);
     cluster.shutdown(Duration::from_secs(1));
+}
+
+#[test]
+fn group_gauges_follow_their_partitions_to_another_process() {
+    let kafka = MockKafka::start(&[("gauges", 4)]);
+    produce(&kafka.bootstrap(), "gauges", 4, 0..400);
+    let first = Rig::new();
+    let second = first.another_process();
+    let zk = Zk::connect(&first.ensemble);
+    let record = Arc::new(Record::default());
+    let config = || spout_config(&kafka.bootstrap(), "gauges", "g9");
+    let a = first.start("ga", config(), 1, &record, ack_all, TopologyConfig::default());
+    let everything: BTreeSet<i32> = (0..4).collect();
+    let families = ["squall_spout_committed_offset", "squall_spout_lag", "squall_spout_lag_status"];
+    assert!(wait_until(WAIT, || families.iter().all(|f| first.gauge_partitions(f, "g9") == everything)));
+    let b = second.start("gb", config(), 1, &record, ack_all, TopologyConfig::default());
+    let split = || {
+        let owners = zk.owners("g9", "gauges");
+        let of = |prefix: &str| -> BTreeSet<i32> {
+            owners.iter().filter(|(_, t)| t.starts_with(prefix)).map(|(p, _)| *p).collect()
+        };
+        (of("ga_"), of("gb_"))
+    };
+    assert!(wait_until(WAIT, || {
+        let (x, y) = split();
+        x.len() == 2 && y.len() == 2
+    }));
+    // New messages everywhere, so the new owner commits and measures its partitions.
+    produce(&kafka.bootstrap(), "gauges", 4, 400..800);
+    let (kept, moved) = split();
+    // Each process reports exactly the partitions it owns: the old owner's series of the moved
+    // partitions are gone, not frozen at their last value.
+    assert!(
+        wait_until(WAIT, || families
+            .iter()
+            .all(|f| first.gauge_partitions(f, "g9") == kept && second.gauge_partitions(f, "g9") == moved)),
+        "first {:?}, second {:?}, owners {:?}",
+        first.gauge_partitions("squall_spout_lag", "g9"),
+        second.gauge_partitions("squall_spout_lag", "g9"),
+        zk.owners("g9", "gauges")
+    );
+    a.shutdown(Duration::from_secs(5));
+    b.shutdown(Duration::from_secs(5));
 }
