@@ -9,6 +9,8 @@
 //!                         --to-datetime ISO | --shift-by N | --from-file F | --from-snapshot N)
 //!                         [--dry-run | --execute]
 //! squall offsets snapshot --group G --name N [--topic T]
+//! squall offsets snapshots --group G [--output table|json]
+//! squall offsets delete-snapshot --group G --name N
 //! ```
 //! with `--zookeeper host:port[/chroot]` (or the config file's servers), `--registry-chroot`
 //! (the spouts' `zookeeper_chroot`) and `--brokers` for Kafka. A reset prints its plan and
@@ -88,6 +90,24 @@ pub enum OffsetsVerb {
         name: String,
         #[arg(long)]
         topic: Option<String>,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// The group's snapshots: name, when taken, topics, partition offsets.
+    Snapshots {
+        #[arg(long)]
+        group: String,
+        #[arg(long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Delete a snapshot (the group's committed offsets are not touched).
+    DeleteSnapshot {
+        #[arg(long)]
+        group: String,
+        #[arg(long)]
+        name: String,
         #[command(flatten)]
         connection: Connection,
     },
@@ -329,6 +349,12 @@ pub fn execute(cmd: OffsetsCommand) -> Result<(), String> {
             OffsetsVerb::Snapshot { group, name, topic, connection } => {
                 snapshot(&group, &name, topic.as_deref(), &connection).await
             }
+            OffsetsVerb::Snapshots { group, output, connection } => {
+                list_snapshots(&group, output, &connection).await
+            }
+            OffsetsVerb::DeleteSnapshot { group, name, connection } => {
+                delete_snapshot(&group, &name, &connection).await
+            }
         }
     })
 }
@@ -486,6 +512,116 @@ async fn snapshot(
         "snapshot {name} of group {group}: {count} partition offsets; replay with `squall offsets reset --group {group} --from-snapshot {name} --execute`"
     );
     Ok(())
+}
+
+async fn list_snapshots(group: &str, output: Output, connection: &Connection) -> Result<(), String> {
+    let group = group_id(group)?;
+    let session = session(connection).await?;
+    let listed = Admin::new(&session, connection.paths()?).list_snapshots(&group).await;
+    let _ = session.close().await;
+    let rows: Vec<SnapshotRow> =
+        listed.map_err(|e| e.to_string())?.into_iter().map(SnapshotRow::new).collect();
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?),
+        Output::Table if rows.is_empty() => println!(
+            "group {group} has no snapshots; `squall offsets snapshot --group {group} --name NAME` takes one"
+        ),
+        Output::Table => print!("{}", snapshots_table(&rows)),
+    }
+    Ok(())
+}
+
+async fn delete_snapshot(group: &str, name: &str, connection: &Connection) -> Result<(), String> {
+    let group = group_id(group)?;
+    let name = SnapshotName::new(name).map_err(|e| format!("--name: {e}"))?;
+    let session = session(connection).await?;
+    let deleted = Admin::new(&session, connection.paths()?).delete_snapshot(&group, &name).await;
+    let _ = session.close().await;
+    deleted.map_err(|e| e.to_string())?;
+    println!("deleted snapshot {name} of group {group}; its committed offsets are unchanged");
+    Ok(())
+}
+
+/// One snapshot as `squall offsets snapshots` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotRow {
+    pub name: String,
+    /// When it was taken, ISO-8601 UTC.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_ms: Option<u64>,
+    pub topics: Vec<String>,
+    pub partitions: usize,
+    /// Why the snapshot cannot be read (it can still be deleted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl SnapshotRow {
+    fn new((name, snapshot): (String, Result<cluster_state::znode::OffsetSnapshot, String>)) -> Self {
+        match snapshot {
+            Ok(s) => SnapshotRow {
+                name,
+                created: Some(iso_utc(s.created_ms)),
+                created_ms: Some(s.created_ms),
+                topics: s.offsets.keys().cloned().collect(),
+                partitions: s.offsets.values().map(BTreeMap::len).sum(),
+                error: None,
+            },
+            Err(e) => SnapshotRow {
+                name,
+                created: None,
+                created_ms: None,
+                topics: Vec::new(),
+                partitions: 0,
+                error: Some(e),
+            },
+        }
+    }
+}
+
+/// Aligned columns: Name, Created (UTC), Partitions, Topics.
+pub fn snapshots_table(rows: &[SnapshotRow]) -> String {
+    let mut out = format!("{:<24} {:<24} {:>10}  {}\n", "Name", "Created (UTC)", "Partitions", "Topics");
+    for r in rows {
+        match &r.error {
+            Some(e) => out.push_str(&format!("{:<24} unreadable: {e}\n", r.name)),
+            None => out.push_str(&format!(
+                "{:<24} {:<24} {:>10}  {}\n",
+                r.name,
+                r.created.as_deref().unwrap_or("-"),
+                r.partitions,
+                r.topics.join(",")
+            )),
+        }
+    }
+    out
+}
+
+/// `ms` since the epoch as `YYYY-MM-DDTHH:MM:SS.fffZ` (the inverse of [`parse_datetime`]'s
+/// day count, Howard Hinnant's civil-from-days).
+pub fn iso_utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
 }
 
 /// Where a reset goes, with everything that can be checked without a connection checked.
@@ -649,6 +785,50 @@ fn print_plan(group: &GroupId, rows: &[PlanRow]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn snapshot_times_print_as_iso_utc_and_parse_back() {
+        let cases = [
+            (0, "1970-01-01T00:00:00.000Z"),
+            (951_782_400_000, "2000-02-29T00:00:00.000Z"),
+            (1_795_362_909_123, "2026-11-22T15:55:09.123Z"),
+            (4_107_542_399_999, "2100-02-28T23:59:59.999Z"),
+        ];
+        for (ms, text) in cases {
+            assert_eq!(iso_utc(ms), text);
+            assert_eq!(parse_datetime(text), Ok(ms as i64), "{text}");
+        }
+        let rows = [
+            SnapshotRow::new((
+                "before-deploy".into(),
+                Ok(cluster_state::znode::OffsetSnapshot {
+                    created_ms: 0,
+                    offsets: [(
+                        "events".to_owned(),
+                        (0..3)
+                            .map(|p| {
+                                (
+                                    Partition::new(p).unwrap(),
+                                    cluster_state::znode::OffsetData::new(7).unwrap(),
+                                )
+                            })
+                            .collect(),
+                    )]
+                    .into(),
+                }),
+            )),
+            SnapshotRow::new(("broken".into(), Err("not JSON".into()))),
+        ];
+        let table = snapshots_table(&rows);
+        let lines: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(lines[1], ["before-deploy", "1970-01-01T00:00:00.000Z", "3", "events"]);
+        assert_eq!(lines[2], ["broken", "unreadable:", "not", "JSON"]);
+        let json = serde_json::to_value(&rows[1]).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"name": "broken", "topics": [], "partitions": 0, "error": "not JSON"})
+        );
+    }
 
     #[test]
     fn describe_prints_unknown_none_and_dash_as_consumer_offset_checker() {

@@ -6,7 +6,8 @@
 //!   is refused while the spout is a live member, then allowed once it stopped;
 //! - export, then reset from the file, restores the exact offsets; targets out of range are
 //!   clamped with a warning;
-//! - a replay from a snapshot re-delivers exactly the messages after it;
+//! - a replay from a snapshot re-delivers exactly the messages after it; snapshots are listed
+//!   (a damaged one named as unreadable) and deleted without touching the offsets;
 //! - bad input is an error naming it, and nothing in ZooKeeper changes.
 //!
 //! Every wait polls with a deadline.
@@ -361,6 +362,27 @@ fn a_replay_from_a_snapshot_redelivers_the_messages_after_it() {
     assert!(out.contains("4 partition offsets"), "{out}");
     assert!(rig.get(&format!("/consumers/{}/squall-snapshots/before-deploy", rig.group)).is_some());
     rig.refused(&["snapshot", "--group", &rig.group, "--name", "before-deploy"], "already exists");
+    // Listed, with a damaged snapshot next to it named as such (and deletable).
+    let broken = format!("/consumers/{}/squall-snapshots/broken", rig.group);
+    rig.runtime.block_on(rig.session.create(&broken, b"{not json", CreateMode::Persistent)).unwrap();
+    let listed = rig.ok(&["snapshots", "--group", &rig.group]);
+    let rows: Vec<Vec<&str>> = listed.lines().skip(1).map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows.len(), 2, "{listed}");
+    assert_eq!((rows[0][0], rows[0][2], rows[0][3]), ("before-deploy", "4", TOPIC), "{listed}");
+    assert!(rows[0][1].ends_with('Z'), "{listed}");
+    assert_eq!((rows[1][0], rows[1][1]), ("broken", "unreadable:"), "{listed}");
+    let json: serde_json::Value =
+        serde_json::from_str(&rig.ok(&["snapshots", "--group", &rig.group, "--output", "json"])).unwrap();
+    assert_eq!(json[0]["partitions"], 4);
+    assert!(json[1]["error"].as_str().is_some_and(|e| e.contains("broken")), "{json}");
+    rig.refused(
+        &["delete-snapshot", "--group", &rig.group, "--name", "missing"],
+        "no snapshot missing of group snapshot_replay (it has before-deploy, broken)",
+    );
+    let out = rig.ok(&["delete-snapshot", "--group", &rig.group, "--name", "broken"]);
+    assert!(out.contains("deleted snapshot broken"), "{out}");
+    assert!(rig.get(&broken).is_none());
+    assert_eq!(rig.committed(), all(30), "deleting a snapshot changed the offsets");
     rig.produce(30..50);
     assert_eq!(rig.consume(&all(50)).len(), 80);
 
@@ -374,6 +396,9 @@ fn a_replay_from_a_snapshot_redelivers_the_messages_after_it() {
     let after_snapshot: Vec<(i64, i64)> =
         (0..i64::from(PARTITIONS)).flat_map(|p| (30..50).map(move |o| (p, o))).collect();
     assert_eq!(replayed, after_snapshot);
+    rig.ok(&["delete-snapshot", "--group", &rig.group, "--name", "before-deploy"]);
+    let listed = rig.ok(&["snapshots", "--group", &rig.group]);
+    assert!(listed.contains("group snapshot_replay has no snapshots"), "{listed}");
 }
 
 #[test]
@@ -422,6 +447,8 @@ fn bad_input_is_named_and_changes_nothing() {
                 .to_vec(),
             "no consumer group nope".into(),
         ),
+        (vec!["snapshots".into(), "--group".into(), "nope".into()], "no consumer group nope".into()),
+        (["delete-snapshot", "--group", g, "--name", "a/b"].map(str::to_owned).to_vec(), "--name".into()),
         (
             ["snapshot", "--group", "idle", "--name", "x"].map(str::to_owned).to_vec(),
             "group idle has no committed offsets".into(),

@@ -372,6 +372,43 @@ impl<'a> Admin<'a> {
     pub async fn snapshots(&self, group: &GroupId) -> Result<Vec<String>, AdminError> {
         Ok(self.children(&self.paths.snapshots_dir(group)).await?)
     }
+
+    /// Every snapshot of the group by name, each read whole; one that cannot be decoded is
+    /// listed with the reason instead of failing the list (it can still be deleted).
+    pub async fn list_snapshots(
+        &self,
+        group: &GroupId,
+    ) -> Result<Vec<(String, Result<OffsetSnapshot, String>)>, AdminError> {
+        self.require_group(group).await?;
+        let mut names = self.snapshots(group).await?;
+        names.sort();
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            let path = format!("{}/{name}", self.paths.snapshots_dir(group));
+            match self.session.read::<OffsetSnapshot>(&path).await {
+                Ok((snapshot, _)) => out.push((name, Ok(snapshot))),
+                // Deleted since the listing.
+                Err(coord::Error::NoNode { .. }) => {}
+                Err(e @ coord::Error::Decode(_)) => out.push((name, Err(e.to_string()))),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes snapshot `name`; the group's offsets are not touched.
+    pub async fn delete_snapshot(&self, group: &GroupId, name: &SnapshotName) -> Result<(), AdminError> {
+        self.require_group(group).await?;
+        match self.session.delete(&self.paths.snapshot(group, name), None).await {
+            Ok(()) => Ok(()),
+            Err(coord::Error::NoNode { .. }) => {
+                let mut available = self.snapshots(group).await?;
+                available.sort();
+                Err(AdminError::UnknownSnapshot { group: group.clone(), name: name.clone(), available })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 impl fmt::Display for PlanRow {
