@@ -3,6 +3,10 @@
 //! bolt with acking on. Prints rates, rates per CPU-second of this process, and the ratio
 //! (goal >= 0.8); the median of `SQUALL_BENCH_RUNS` (default 3) runs each.
 //!
+//! Then Kafka -> word count (BENCHMARKS.md): the reference sentences as message values, a raw
+//! rdkafka consumer splitting and counting into a map (the "plain consumer + dict" baseline), and
+//! the topology kafka spout -> split -> fields(word) -> count with acking on.
+//!
 //! `cargo bench -p kafka-spout --bench throughput` (needs tansu: `SQUALL_TANSU` or on PATH).
 //! `SQUALL_BENCH_MESSAGES` (default 1,000,000 100-byte messages, 8 partitions).
 //! Knobs for investigating: `SQUALL_BENCH_ACKERS` (`0`: acking off), `SQUALL_BENCH_SPOUT_WAIT_MS`,
@@ -326,6 +330,121 @@ fn bare_topology(bootstrap: &str, n: u64) -> Run {
     run
 }
 
+const SENTENCES_TOPIC: &str = "sentences";
+
+/// Stream item `i` of the reference corpus as message `i`, round-robin over the partitions.
+fn produce_sentences(bootstrap: &str, n: u64) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "20")
+        .set("batch.num.messages", "10000")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()
+        .unwrap();
+    let corpus = worker::builtin::reference_corpus();
+    for i in 0..n {
+        let sentence = corpus[(i % corpus.len() as u64) as usize].as_bytes();
+        let partition = (i % PARTITIONS as u64) as i32;
+        let mut record = BaseRecord::<(), [u8]>::to(SENTENCES_TOPIC).payload(sentence).partition(partition);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    record = back;
+                    producer.poll(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(120)).unwrap();
+}
+
+/// Words in the first `n` stream items.
+fn words_in(n: u64) -> u64 {
+    let corpus = worker::builtin::reference_corpus();
+    (0..n).map(|i| corpus[(i % corpus.len() as u64) as usize].split(' ').count() as u64).sum()
+}
+
+/// The baseline: one consumer assigned every partition, splitting each value and counting words
+/// in a map.
+fn raw_word_count(bootstrap: &str, n: u64) -> Run {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "raw-words")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "10")
+        // As the spout's default: librdkafka's 1 s backoff once its local queue is full stalls
+        // a consumer that does work per message.
+        .set("fetch.queue.backoff.ms", "10")
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(SENTENCES_TOPIC, p, rdkafka::Offset::Beginning).unwrap();
+    }
+    let (start, cpu) = (Instant::now(), cpu_seconds());
+    consumer.assign(&tpl).unwrap();
+    let mut counts: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    let (mut messages, deadline) = (0, start + Duration::from_secs(600));
+    while messages < n && Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            messages += 1;
+            let text = std::str::from_utf8(rdkafka::Message::payload(&m).unwrap_or_default()).unwrap_or("");
+            for word in text.split(' ') {
+                match counts.get_mut(word) {
+                    Some(c) => *c += 1,
+                    None => {
+                        counts.insert(word.to_owned(), 1);
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(messages, n, "raw consumer read everything");
+    assert_eq!(counts.values().sum::<u64>(), words_in(n));
+    Run { secs: start.elapsed().as_secs_f64(), cpu: cpu_seconds() - cpu }
+}
+
+/// kafka spout -> split (the message value) -> fields(word) -> count, acking on.
+fn spout_word_count(bootstrap: &str, n: u64, run: usize) -> Run {
+    use worker::builtin::{SplitParams, SplitSentence, WordCount, WordCountParams};
+    let metrics = prometheus::Registry::new();
+    let mut env = SpoutEnv::register(&metrics).unwrap();
+    env.ensemble = Some(Ensemble::in_memory());
+    let mut config = KafkaSpoutConfig {
+        bootstrap_servers: bootstrap.into(),
+        topics: vec![SENTENCES_TOPIC.into()],
+        group_id: format!("bench-words-{run}"),
+        auto_offset_reset: consumer_registry::OffsetReset::Smallest,
+        ..KafkaSpoutConfig::default()
+    };
+    config.librdkafka.insert("fetch.wait.max.ms".into(), "10".into());
+    let config = Arc::new(config);
+    let mut builder = TopologyBuilder::new("kafka-words");
+    builder.config(TopologyConfig { max_spout_pending: Some(20_000), ..TopologyConfig::default() });
+    builder.set_spout("kafka", 1, move || KafkaSpout::new(config.clone(), env.clone()));
+    builder
+        .set_bolt("split", 1, || SplitSentence::new(SplitParams { field: Some("value".into()) }))
+        .shuffle_grouping("kafka");
+    builder
+        .set_bolt("count", 1, || WordCount::new(WordCountParams { emit: false }))
+        .fields_grouping("split", ["word"]);
+    let (start, cpu) = (Instant::now(), cpu_seconds());
+    let cluster = LocalCluster::start(builder.build().unwrap()).unwrap();
+    let acked = |c: &str| {
+        cluster.runtime().component_stats(c).iter().map(|s| s.acked.load(Ordering::Relaxed)).sum::<u64>()
+    };
+    let deadline = start + Duration::from_secs(600);
+    while acked("kafka") < n && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let run = Run { secs: start.elapsed().as_secs_f64(), cpu: cpu_seconds() - cpu };
+    assert_eq!(acked("kafka"), n, "spout acked every sentence");
+    assert_eq!(acked("count"), words_in(n), "every word counted");
+    cluster.shutdown(Duration::from_secs(5));
+    run
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -380,5 +499,37 @@ fn main() {
         median(spout_rate),
         median(spout_cpu_rate),
         median(ratios)
+    );
+
+    broker.create_topic(SENTENCES_TOPIC, PARTITIONS);
+    produce_sentences(&broker.bootstrap(), n);
+    let words = words_in(n) as f64;
+    println!("Kafka -> word count: {n} reference sentences ({words:.0} words) in {PARTITIONS} partitions");
+    let (mut raw_msgs, mut raw_cpu, mut spout_msgs, mut spout_words, mut spout_cpu) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for run in 0..runs {
+        let raw = raw_word_count(&broker.bootstrap(), n);
+        let spout = spout_word_count(&broker.bootstrap(), n, run);
+        println!(
+            "run {run}: consumer + map {:>9.0} msgs/s ({:>9.0} words per CPU-s) | spout -> split -> count, acking {:>9.0} msgs/s, {:>10.0} words/s ({:>9.0} words per CPU-s)",
+            n as f64 / raw.secs,
+            words / raw.cpu.max(0.01),
+            n as f64 / spout.secs,
+            words / spout.secs,
+            words / spout.cpu.max(0.01)
+        );
+        raw_msgs.push(n as f64 / raw.secs);
+        raw_cpu.push(words / raw.cpu.max(0.01));
+        spout_msgs.push(n as f64 / spout.secs);
+        spout_words.push(words / spout.secs);
+        spout_cpu.push(words / spout.cpu.max(0.01));
+    }
+    println!(
+        "median of {runs}: consumer + map {:.0} msgs/s ({:.0} words per CPU-s); spout -> split -> count with acking {:.0} msgs/s = {:.0} words/s ({:.0} words per CPU-s) (quixstreams 72k msgs/s, confluent-kafka + dict 274k msgs/s)",
+        median(raw_msgs),
+        median(raw_cpu),
+        median(spout_msgs),
+        median(spout_words),
+        median(spout_cpu)
     );
 }
