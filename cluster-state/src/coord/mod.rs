@@ -366,7 +366,7 @@ macro_rules! dispatch {
             Backend::Memory(s) => s.$method($($arg),*),
         };
         if let Some(metrics) = &$self.metrics {
-            metrics.observe(stringify!($method), started.elapsed(), result.is_err());
+            metrics.observe(crate::metrics::zookeeper_op(stringify!($method)), started.elapsed(), result.is_err());
         }
         result
     }};
