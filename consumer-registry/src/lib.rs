@@ -14,6 +14,8 @@
 //! - `config.rs`: [`RegistryConfig`], Kafka's consumer config names and defaults.
 //! - `error.rs`: the crate's one error enum.
 //! - `lag.rs`: [`lag::LagWindow`], Burrow's lag status rules over a sliding window of commits.
+//! - `lease.rs`: [`Lease`], the ownership lease (when the caller may emit from owned
+//!   partitions, however long the process was stopped) and the keeper that renews it.
 //! - `member.rs`: [`Member`], the actor that is one member of a group, its [`MemberHandle`] and
 //!   the [`MemberEvent`]s it tells its caller.
 //! - `offsets.rs`: [`OffsetStore`], committed offsets read and written in batches.
@@ -62,6 +64,7 @@ mod assign;
 mod config;
 mod error;
 pub mod lag;
+mod lease;
 mod member;
 mod metrics;
 mod offsets;
@@ -73,6 +76,7 @@ pub use assign::{
 };
 pub use config::{OffsetReset, RegistryConfig};
 pub use error::{Error, Result};
+pub use lease::{Lease, lease_bound};
 pub use member::{
     Member, MemberEvent, MemberHandle, MemberSpec, Ownership, PartitionSource, RevokeAck, SourcedPartitions,
 };

@@ -6,12 +6,14 @@
 //!   and acknowledged ([`MemberEvent::Revoking`]); only then is the owner node deleted. The next
 //!   owner claims it with a checked ephemeral create (KAFKA-1387: "node exists" is ours only if
 //!   our session holds it with our data) and, while it is still held, watches it go.
-//! - Session loss: [`MemberEvent::Paused`] is the fence. The client library reports a lost
-//!   connection at most 2/5 of the session timeout after the server last answered, and the
-//!   server expires the session (letting others claim) only a full timeout after it last heard
-//!   from us, so the caller has stopped before anyone else can start. Once the session is gone
-//!   (the server says so, or the disconnection lasted the whole timeout) the member reports
-//!   [`MemberEvent::Expired`], then registers again with a new session.
+//! - Session loss: the [`Lease`] is the fence (see `lease.rs` for the rule and its timing
+//!   argument). The caller emits from a partition only while the lease of the session that
+//!   claimed it is fresh: the server confirmed the session less than 2/3 of its timeout ago, on
+//!   a clock that keeps running while the process is stopped. A [`Keeper`] task renews it and
+//!   re-validates ownership after it ran out. [`MemberEvent::Paused`] on a disconnect stops the
+//!   caller earlier still. The member waits for the server's verdict on a disconnected session
+//!   (a restarted ZooKeeper restores sessions): once the server says it is gone, the member
+//!   reports [`MemberEvent::Expired`], then registers again with a new session.
 //!
 //! Reconcile, don't count: every watch, tick or reconnect schedules one rebalance (bursts
 //! within `rebalance_coalesce_ms` become one) that re-reads the group and diffs it with what
@@ -41,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 use crate::assign::{TopicPartition, TopicPartitions, assign, assigned_to, ownership_diff};
 use crate::config::RegistryConfig;
 use crate::error::{Error, Result};
+use crate::lease::{Keeper, Lease};
 use crate::metrics::RegistryMetrics;
 use crate::offsets::OffsetStore;
 use crate::zk::Zk;
@@ -84,8 +87,9 @@ pub struct MemberSpec {
 /// What the caller must act on, in order.
 #[derive(Debug)]
 pub enum MemberEvent {
-    /// These partitions are now ours: start consuming (unless paused).
-    Assigned { partitions: BTreeSet<TopicPartition> },
+    /// These partitions are now ours, claimed in `session`: start consuming (unless paused).
+    /// Emit from them only while [`Lease::valid_session`] is `session`.
+    Assigned { partitions: BTreeSet<TopicPartition>, session: SessionId },
     /// These partitions are being given up: stop emitting from them, drain in-flight tuples,
     /// commit, then acknowledge. Their owner nodes stay until then (or `revoke_timeout_ms`).
     /// May repeat for partitions already stopped (after a reconnect): acknowledge again.
@@ -132,6 +136,7 @@ pub struct MemberHandle {
     consumer_id: ConsumerId,
     ownership: watch::Receiver<Ownership>,
     offsets: OffsetStore,
+    lease: Lease,
 }
 
 impl MemberHandle {
@@ -156,6 +161,11 @@ impl MemberHandle {
     /// The group's committed offsets, through this member's session.
     pub fn offsets(&self) -> &OffsetStore {
         &self.offsets
+    }
+
+    /// The ownership lease: check it before emitting (once per batch).
+    pub fn lease(&self) -> &Lease {
+        &self.lease
     }
 }
 
@@ -214,8 +224,6 @@ pub struct Member {
     /// delete whose reply was lost).
     uncertain: BTreeSet<TopicPartition>,
     paused: bool,
-    /// When the current disconnection began.
-    disconnected_at: Option<Instant>,
     owned_gauge: BTreeMap<Topic, i64>,
 
     due: Option<Instant>,
@@ -226,6 +234,13 @@ pub struct Member {
     events: mpsc::Sender<MemberEvent>,
     ownership: watch::Sender<Ownership>,
     offsets: OffsetStore,
+
+    lease: Lease,
+    /// The current session's lease keeper; cancelled when the session is replaced or left.
+    keeper: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
+    /// Sessions a keeper found no longer holding our owner nodes (sender given to keepers).
+    distrusted: mpsc::Receiver<SessionId>,
+    distrust: mpsc::Sender<SessionId>,
 }
 
 impl fmt::Debug for Member {
@@ -271,12 +286,15 @@ impl Member {
         );
         let (events, events_rx) = mpsc::channel(EVENT_CAPACITY);
         let (ownership, ownership_rx) = watch::channel(Ownership::default());
+        let lease = Lease::default();
         let handle = MemberHandle {
             group: spec.group.clone(),
             consumer_id: consumer_id.clone(),
             ownership: ownership_rx,
             offsets: offsets.clone(),
+            lease: lease.clone(),
         };
+        let (distrust, distrusted) = mpsc::channel(1);
         let member = Member {
             spec,
             config,
@@ -296,7 +314,6 @@ impl Member {
             owned: BTreeMap::new(),
             uncertain: BTreeSet::new(),
             paused: false,
-            disconnected_at: None,
             owned_gauge: BTreeMap::new(),
             due: None,
             first_trigger: None,
@@ -305,6 +322,10 @@ impl Member {
             events,
             ownership,
             offsets,
+            lease,
+            keeper: None,
+            distrusted,
+            distrust,
         };
         Ok((member, handle, events_rx))
     }
@@ -345,11 +366,11 @@ impl Member {
             }
             let due = self.due;
             let connected = self.state == SessionState::Connected;
-            let presumed_expired = self.presumed_expiry();
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => break,
                 Some(event) = next_state(&mut self.states) => self.pending_state = Some(event),
+                Some(session_id) = self.distrusted.recv() => self.distrust_session(session_id),
                 Some(key) = self.watches.next() => {
                     self.armed.remove(&key);
                     self.schedule(Duration::from_millis(self.config.rebalance_coalesce_ms));
@@ -362,13 +383,6 @@ impl Member {
                     self.refresh_source = true;
                     self.schedule(Duration::ZERO);
                 }
-                () = sleep_until(presumed_expired), if presumed_expired.is_some() => {
-                    if let Some(zk) = &self.zk {
-                        tracing::warn!(group = %self.spec.group, consumer = %self.consumer_id, "disconnected for the whole session timeout; the session is gone");
-                        let session_id = zk.session.id();
-                        self.pending_state = Some(SessionEvent { session_id, state: SessionState::Expired });
-                    }
-                }
                 () = sleep_until(due), if due.is_some() && connected => {
                     self.due = None;
                     self.rebalance(&cancel).await;
@@ -379,12 +393,12 @@ impl Member {
         Ok(())
     }
 
-    /// When a disconnected session must have expired at the server: the session timeout after
-    /// the disconnection began (the server counts from the last request it heard, which is
-    /// earlier). Like Curator, the member then stops waiting for the client library to say so.
-    fn presumed_expiry(&self) -> Option<Instant> {
-        let timeout = self.zk.as_ref()?.session.session_timeout();
-        self.disconnected_at.map(|at| at + timeout)
+    /// A keeper found owner nodes of `session_id` no longer ours: treat the session as ended
+    /// (its lease already is), so everything is claimed again in a new one.
+    fn distrust_session(&mut self, session_id: SessionId) {
+        if self.zk.as_ref().is_some_and(|zk| zk.session.id() == session_id) {
+            self.pending_state = Some(SessionEvent { session_id, state: SessionState::Expired });
+        }
     }
 
     /// Asks for a rebalance `after` from now, unless one is due sooner.
@@ -428,6 +442,10 @@ impl Member {
             () = cancelled => Err(Halt::Cancelled),
             Some(event) = next_state(&mut self.states) => {
                 self.pending_state = Some(event);
+                Err(Halt::Session)
+            }
+            Some(session_id) = self.distrusted.recv() => {
+                self.distrust_session(session_id);
                 Err(Halt::Session)
             }
             Some(key) = self.watches.next(), if view_changes => {
@@ -503,9 +521,7 @@ impl Member {
                     Err(Halt::Zk(e)) if e.is_session_lost() => {
                         tracing::warn!(%group, error = %e, "session lost while registering; starting a new one");
                         self.set_state(SessionState::Expired);
-                        self.zk = None;
-                        self.states = None;
-                        self.offsets.set_session(None);
+                        self.drop_session();
                     }
                     Err(Halt::Zk(e)) if e.is_retryable() => {
                         tracing::warn!(%group, error = %e, "registering the consumer failed; retrying");
@@ -520,10 +536,22 @@ impl Member {
         }
     }
 
+    /// Forgets the current session: its lease ends first, then its keeper stops.
+    fn drop_session(&mut self) {
+        self.lease.end();
+        if let Some((cancel, _)) = self.keeper.take() {
+            cancel.cancel();
+        }
+        self.zk = None;
+        self.states = None;
+        self.offsets.set_session(None);
+    }
+
     /// Makes `session` the member's session.
     fn adopt(&mut self, session: coord::Session) -> Zk {
         let ops = self.metrics.zk_ops.with_label_values(&[self.spec.group.as_str()]);
         let zk = Zk::new(session, ops);
+        self.lease.begin(zk.session.id());
         self.states = Some(zk.session.state_changes());
         self.set_state(zk.session.state());
         self.zk = Some(zk.clone());
@@ -540,6 +568,20 @@ impl Member {
         };
         self.registration = registration.encode();
         self.publish();
+        let keeper = Keeper {
+            zk: zk.clone(),
+            lease: self.lease.clone(),
+            paths: self.spec.paths.clone(),
+            group: self.spec.group.clone(),
+            id_path: self.spec.paths.id(&self.spec.group, &self.consumer_id),
+            ownership: self.ownership.subscribe(),
+            distrust: self.distrust.clone(),
+        };
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(keeper.run(cancel.clone()));
+        if let Some((previous, _)) = self.keeper.replace((cancel, task)) {
+            previous.cancel();
+        }
         zk
     }
 
@@ -587,8 +629,7 @@ impl Member {
         let group = self.spec.group.clone();
         match event.state {
             SessionState::Disconnected => {
-                tracing::warn!(%group, consumer = %self.consumer_id, "ZooKeeper disconnected; pausing");
-                self.disconnected_at.get_or_insert_with(Instant::now);
+                tracing::warn!(%group, consumer = %self.consumer_id, "ZooKeeper disconnected; pausing until it answers again");
                 if !self.paused {
                     self.paused = true;
                     self.publish();
@@ -596,7 +637,6 @@ impl Member {
                 }
             }
             SessionState::Connected => {
-                self.disconnected_at = None;
                 if self.paused {
                     self.paused = false;
                     self.publish();
@@ -611,11 +651,8 @@ impl Member {
                 let lost: BTreeSet<TopicPartition> = std::mem::take(&mut self.owned).into_keys().collect();
                 self.uncertain.clear();
                 self.offsets.forget(&lost);
-                self.offsets.set_session(None);
-                self.zk = None;
-                self.states = None;
+                self.drop_session();
                 self.paused = false;
-                self.disconnected_at = None;
                 self.publish();
                 self.send(MemberEvent::Expired { partitions: lost }, Some(cancel)).await?;
                 self.open_session(cancel).await?;
@@ -1037,7 +1074,8 @@ impl Member {
                 }
             }
             self.publish();
-            self.send(MemberEvent::Assigned { partitions: won }, Some(cancel)).await?;
+            let session = zk.session.id();
+            self.send(MemberEvent::Assigned { partitions: won, session }, Some(cancel)).await?;
         }
         if let Some(e) = failure {
             return Err(e.into());
@@ -1079,6 +1117,11 @@ impl Member {
         self.offsets.stop();
         self.owned.clear();
         self.states = None;
+        self.lease.end();
+        if let Some((cancel, task)) = self.keeper.take() {
+            cancel.cancel();
+            let _ = task.await;
+        }
         let zk = self.zk.take();
         self.publish();
         self.set_state(SessionState::Closed);
@@ -1095,6 +1138,10 @@ impl Member {
 impl Drop for Member {
     fn drop(&mut self) {
         // Dropped without leaving (a crash): the caller holds nothing any more.
+        self.lease.end();
+        if let Some((cancel, _)) = self.keeper.take() {
+            cancel.cancel();
+        }
         self.offsets.stop();
         self.owned.clear();
         self.zk = None;

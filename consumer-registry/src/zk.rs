@@ -43,6 +43,10 @@ impl Zk {
         self.count(1).read_watch(path).await
     }
 
+    pub(crate) async fn exists(&self, path: &str) -> Result<Option<Stat>> {
+        self.count(1).exists(path).await
+    }
+
     pub(crate) async fn exists_watch(&self, path: &str) -> Result<(Option<Stat>, Watch)> {
         self.count(1).exists_watch(path).await
     }

@@ -21,12 +21,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use cluster_state::coord::Ensemble;
+use cluster_state::coord::{Ensemble, LeaseInstant, SessionId};
 use cluster_state::ids::{ConsumerId, GroupId, Partition, Topic};
 use cluster_state::paths::KafkaPaths;
 use consumer_registry::lag::{Commit, LagWindow};
 use consumer_registry::{
-    Member, MemberEvent, MemberHandle, MemberSpec, OffsetReset, PartitionSource, RegistryMetrics,
+    Lease, Member, MemberEvent, MemberHandle, MemberSpec, OffsetReset, PartitionSource, RegistryMetrics,
     SourcedPartitions, StartPosition, TopicPartition,
 };
 use futures::future::BoxFuture;
@@ -78,6 +78,9 @@ impl SpoutEnv {
 #[derive(Debug)]
 struct PartState {
     tp: TopicPartition,
+    /// The registry session that claimed it: it is emitted from only while the lease is this
+    /// session's.
+    session: SessionId,
     slot: u16,
     base: i64,
     /// False until the first message when started by `auto.offset.reset` (the broker knows
@@ -237,6 +240,7 @@ impl TaskState {
     fn insert(
         &mut self,
         tp: TopicPartition,
+        session: SessionId,
         start: Option<i64>,
         metrics: &SpoutMetrics,
         component: &str,
@@ -245,6 +249,7 @@ impl TaskState {
         let labels = [component, tp.topic.as_str(), partition.as_str()];
         let slot = self.allocate_slot();
         let part = PartState {
+            session,
             slot,
             base: start.unwrap_or(0),
             started: start.is_some(),
@@ -368,7 +373,7 @@ impl std::fmt::Debug for KafkaSpout {
 struct Running {
     component: String,
     task: u32,
-    consumer: Arc<BaseConsumer>,
+    hot: HotPath,
     state: Arc<Mutex<TaskState>>,
     drained: Arc<Notify>,
     requests: mpsc::UnboundedSender<Request>,
@@ -377,10 +382,35 @@ struct Running {
     thread: Option<std::thread::JoinHandle<()>>,
     handle: MemberHandle,
     stale_acks: IntCounter,
+    retry: RetryPolicy,
+}
+
+/// The executor thread's emitting side: polls librdkafka and emits, only while the ownership
+/// lease allows.
+struct HotPath {
+    consumer: Arc<BaseConsumer>,
+    state: Arc<Mutex<TaskState>>,
+    lease: Lease,
     emit_batch: usize,
     max_in_flight: usize,
     max_pending: Option<usize>,
-    retry: RetryPolicy,
+}
+
+/// Where `next_tuple` puts its tuples: the executor's collector, or a test's list.
+trait Emit {
+    fn emit(&mut self, values: Values, msg_id: u64) -> std::result::Result<(), ComponentError>;
+    fn report_error(&mut self, error: String);
+}
+
+impl Emit for SpoutCollector<'_> {
+    fn emit(&mut self, values: Values, msg_id: u64) -> std::result::Result<(), ComponentError> {
+        SpoutCollector::emit(self, values, Some(msg_id))?;
+        Ok(())
+    }
+
+    fn report_error(&mut self, error: String) {
+        SpoutCollector::report_error(self, error);
+    }
 }
 
 impl KafkaSpout {
@@ -441,6 +471,7 @@ impl KafkaSpout {
         let coordinator = Coordinator {
             config: self.config.clone(),
             component: component.clone(),
+            task,
             consumer: consumer.clone(),
             state: state.clone(),
             drained: drained.clone(),
@@ -462,15 +493,23 @@ impl KafkaSpout {
         let thread = std::thread::Builder::new()
             .name(format!("kafka-spout-{task}"))
             .spawn(move || {
-                runtime.block_on(coordinator.run(member, events, requests_rx, stop));
+                runtime.block_on(Arc::new(coordinator).run(member, events, requests_rx, stop));
                 let _ = done_tx.send(());
             })
             .map_err(|e| task_err(format!("starting the coordinator thread: {e}")))?;
+        let hot = HotPath {
+            consumer,
+            state: state.clone(),
+            lease: handle.lease().clone(),
+            emit_batch: config.emit_batch as usize,
+            max_in_flight: config.max_in_flight as usize,
+            max_pending: context.config.max_spout_pending.map(|m| m as usize),
+        };
         self.running = Some(Running {
             stale_acks: self.env.metrics.stale_acks.with_label_values(&[component.as_str()]),
             component,
             task,
-            consumer,
+            hot,
             state,
             drained,
             requests,
@@ -478,20 +517,20 @@ impl KafkaSpout {
             done,
             thread: Some(thread),
             handle,
-            emit_batch: config.emit_batch as usize,
-            max_in_flight: config.max_in_flight as usize,
-            max_pending: context.config.max_spout_pending.map(|m| m as usize),
             retry: config.retry.clone(),
         });
         Ok(())
     }
 }
 
-impl Running {
-    fn next_tuple(&mut self, out: &mut SpoutCollector<'_>) -> std::result::Result<(), ComponentError> {
+impl HotPath {
+    fn next_tuple(&mut self, out: &mut impl Emit) -> std::result::Result<(), ComponentError> {
         // The executor checks `topology.max.spout.pending` before each call; a batch must not
         // overshoot it by more than itself.
         let mut budget = self.max_pending.map_or(self.emit_batch, |max| self.emit_batch.min(max.max(1)));
+        // The fence (consumer-registry's lease.rs): one clock read per batch. A process that
+        // was stopped past the lease finds it over here, before it polls anything.
+        let Some(session) = self.lease.valid_session(LeaseInstant::now()) else { return Ok(()) };
         let mut state = lock(&self.state);
         if state.paused {
             return Ok(());
@@ -504,14 +543,15 @@ impl Running {
         // Replays first, oldest due first per partition.
         let now = Instant::now();
         for part in state.parts.values_mut() {
-            if !part.emitting || part.offsets.next_replay_at().is_none_or(|at| at > now) {
+            let fenced = !part.emitting || part.session != session;
+            if fenced || part.offsets.next_replay_at().is_none_or(|at| at > now) {
                 continue;
             }
             while budget > 0 {
                 let Some((offset, stored)) = part.offsets.next_replay(now) else { break };
                 let values = stored.values(&part.topic_value, &part.partition_value, offset);
                 if let Some(id) = MsgId::new(part.slot, part.base, offset) {
-                    out.emit(values, Some(id.encode()))?;
+                    out.emit(values, id.encode())?;
                     part.replayed.inc();
                     budget -= 1;
                 }
@@ -552,8 +592,10 @@ impl Running {
             };
             last = Some((partition, slot));
             let Some(part) = state.parts.get_mut(&slot) else { continue };
-            if !part.emitting {
-                continue; // being revoked
+            if !part.emitting || part.session != session {
+                // Being revoked, or claimed in an ended session (its replacement starts over
+                // from the committed offset).
+                continue;
             }
             let mut slot = slot;
             if !part.started {
@@ -591,11 +633,13 @@ impl Running {
             part.emitted.inc();
             budget -= 1;
             room -= 1;
-            out.emit(values, Some(id.encode()))?;
+            out.emit(values, id.encode())?;
         }
         Ok(())
     }
+}
 
+impl Running {
     fn settle(&mut self, msg_id: u64, failed: bool) {
         // The clock is read only for a failure's replay time (acks are the hot path).
         let fail = failed.then(|| (Instant::now(), &self.retry));
@@ -634,7 +678,7 @@ impl Spout for KafkaSpout {
 
     fn next_tuple(&mut self, out: &mut SpoutCollector<'_>) -> std::result::Result<(), ComponentError> {
         match &mut self.running {
-            Some(r) => r.next_tuple(out),
+            Some(r) => r.hot.next_tuple(out),
             None => Ok(()),
         }
     }
@@ -708,6 +752,7 @@ impl PartitionSource for MetadataSource {
 struct Coordinator {
     config: Arc<KafkaSpoutConfig>,
     component: String,
+    task: u32,
     consumer: Arc<BaseConsumer>,
     state: Arc<Mutex<TaskState>>,
     drained: Arc<Notify>,
@@ -721,7 +766,7 @@ struct Coordinator {
 
 impl Coordinator {
     async fn run(
-        self,
+        self: Arc<Self>,
         member: Member,
         mut events: mpsc::Receiver<MemberEvent>,
         mut requests: mpsc::UnboundedReceiver<Request>,
@@ -729,6 +774,10 @@ impl Coordinator {
     ) {
         let member_cancel = CancellationToken::new();
         let member_task = tokio::spawn(member.run(member_cancel.clone()));
+        // Log-end offsets come from the broker (up to CLIENT_TIMEOUT per partition while it is
+        // away): read them on a task of their own, so session events never wait behind them.
+        let lag_cancel = cancel.child_token();
+        let lag_task = tokio::spawn(self.clone().read_lag(lag_cancel.clone()));
         let period = Duration::from_millis(self.config.offsets_commit_interval_ms);
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -744,12 +793,11 @@ impl Coordinator {
                     Some(Request::Commit) => self.commit_owned().await,
                     None => break,
                 },
-                _ = tick.tick() => {
-                    self.commit_owned().await;
-                    self.update_lag().await;
-                }
+                _ = tick.tick() => self.commit_owned().await,
             }
         }
+        lag_cancel.cancel();
+        let _ = lag_task.await;
         // Shutdown: commit, then leave the group (the member hands every partition off through
         // Revoking events, which are acknowledged without waiting for tuples that will never
         // be acked now), then close the session.
@@ -778,9 +826,9 @@ impl Coordinator {
     /// `None` during shutdown (nothing more will be acked).
     async fn on_event(&self, event: MemberEvent, cancel: Option<&CancellationToken>) {
         match event {
-            MemberEvent::Assigned { partitions } => {
+            MemberEvent::Assigned { partitions, session } => {
                 for tp in partitions {
-                    self.assign(tp, cancel).await;
+                    self.assign(tp, session, cancel).await;
                 }
             }
             MemberEvent::Revoking { partitions, ack } => {
@@ -863,7 +911,7 @@ impl Coordinator {
         self.metric_labels(tp, |l| self.metrics.lag_status.with_label_values(l).set(status.code()));
     }
 
-    async fn assign(&self, tp: TopicPartition, cancel: Option<&CancellationToken>) {
+    async fn assign(&self, tp: TopicPartition, session: SessionId, cancel: Option<&CancellationToken>) {
         let mut delay = Duration::from_millis(100);
         let mut attempt = 0;
         let start = loop {
@@ -894,7 +942,7 @@ impl Coordinator {
             if let Some(old) = state.remove(&tp) {
                 tracing::debug!(component = %self.component, %tp, slot = old.slot, "replacing an earlier incarnation");
             }
-            state.insert(tp.clone(), known, &self.metrics, &self.component);
+            state.insert(tp.clone(), session, known, &self.metrics, &self.component);
         }
         if let Some(o) = known {
             self.metric_labels(&tp, |l| self.metrics.committed_offset.with_label_values(l).set(o));
@@ -906,7 +954,7 @@ impl Coordinator {
             lock(&self.state).remove(&tp);
             return;
         }
-        tracing::info!(component = %self.component, %tp, ?start, "consuming partition");
+        tracing::info!(component = %self.component, task = self.task, consumer = %self.handle.consumer_id(), %session, %tp, ?start, "consuming partition");
     }
 
     /// Stop emitting from `partitions`, wait for their in-flight tuples (bounded), commit
@@ -1019,6 +1067,23 @@ impl Coordinator {
         }
     }
 
+    /// Reads log-end offsets every commit interval until `cancel`.
+    async fn read_lag(self: Arc<Self>, cancel: CancellationToken) {
+        let period = Duration::from_millis(self.config.offsets_commit_interval_ms);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = self.update_lag() => {}
+            }
+        }
+    }
+
     /// Log-end offsets and lag (one watermark request per owned partition).
     async fn update_lag(&self) {
         let owned: Vec<(TopicPartition, i64)> = {
@@ -1053,7 +1118,7 @@ mod tests {
         let policy = RetryPolicy::default();
         let mut state = TaskState::default();
         let p0 = tp("t", 0);
-        let slot = state.insert(p0.clone(), Some(100), &metrics, "spout");
+        let slot = state.insert(p0.clone(), SessionId(1), Some(100), &metrics, "spout");
         let part = state.get_mut(&p0).unwrap();
         for o in 100..103 {
             part.offsets.emit(o, Stored::new(None, None, None)).unwrap();
@@ -1069,7 +1134,7 @@ mod tests {
         // Given up, then assigned again: the old incarnation's ids are stale.
         state.remove(&p0);
         assert_eq!(state.settle(id(slot, 101), None), (Settled::Stale, false));
-        let again = state.insert(p0.clone(), Some(100), &metrics, "spout");
+        let again = state.insert(p0.clone(), SessionId(1), Some(100), &metrics, "spout");
         assert_ne!(again, slot);
         state.get_mut(&p0).unwrap().offsets.emit(101, Stored::new(None, None, None)).unwrap();
         assert_eq!(state.settle(id(slot, 101), None), (Settled::Stale, false));

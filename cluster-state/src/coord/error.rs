@@ -65,6 +65,27 @@ impl Error {
         }
     }
 
+    /// Whether the server itself gave this answer (so the session was alive when it did):
+    /// false for a lost connection, an ended session, and anything the client decided alone.
+    pub fn is_server_answer(&self) -> bool {
+        match self {
+            Error::NoNode { .. }
+            | Error::NodeExists { .. }
+            | Error::BadVersion { .. }
+            | Error::NotEmpty { .. }
+            | Error::NoChildrenForEphemerals { .. }
+            | Error::HeldByOther { .. }
+            | Error::Decode(_) => true,
+            Error::MultiFailed { source, .. } => source.is_server_answer(),
+            Error::InvalidPath { .. }
+            | Error::ConnectionLoss { .. }
+            | Error::ConnectTimeout { .. }
+            | Error::SessionExpired { .. }
+            | Error::SessionClosed
+            | Error::Backend { .. } => false,
+        }
+    }
+
     /// Whether the session behind the call is gone for good (expired or closed).
     pub fn is_session_lost(&self) -> bool {
         matches!(self, Error::SessionExpired { .. } | Error::SessionClosed)

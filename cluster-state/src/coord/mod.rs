@@ -30,6 +30,7 @@
 //! parent creation, recursive delete, checked ephemerals).
 
 mod error;
+mod lease;
 mod memory;
 mod zookeeper;
 
@@ -40,6 +41,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 pub use self::error::{Error, Result};
+use self::lease::Confirmations;
+pub use self::lease::LeaseInstant;
 pub use self::memory::MemoryEnsemble;
 use crate::znode::ZnodeData;
 
@@ -308,13 +311,14 @@ impl Ensemble {
 
     /// Opens a new session.
     pub async fn connect(&self, options: &SessionOptions) -> Result<Session> {
+        let sent = LeaseInstant::now();
         let backend = match self {
             Ensemble::ZooKeeper { connect_string } => {
                 Backend::ZooKeeper(zookeeper::ZkSession::connect(connect_string, options, None).await?)
             }
             Ensemble::Memory(ensemble) => Backend::Memory(ensemble.connect(options)?),
         };
-        Ok(Session { backend, metrics: None })
+        Ok(Session { backend, metrics: None, confirmations: Confirmations::established(sent) })
     }
 
     /// Re-attaches to a live session (a fast reconnect after a crash, within the timeout).
@@ -324,6 +328,7 @@ impl Ensemble {
         credentials: &SessionCredentials,
         options: &SessionOptions,
     ) -> Result<Session> {
+        let sent = LeaseInstant::now();
         let backend = match (self, &credentials.0) {
             (Ensemble::ZooKeeper { connect_string }, Credentials::ZooKeeper(info)) => Backend::ZooKeeper(
                 zookeeper::ZkSession::connect(connect_string, options, Some(info.clone())).await?,
@@ -338,7 +343,7 @@ impl Ensemble {
                 });
             }
         };
-        Ok(Session { backend, metrics: None })
+        Ok(Session { backend, metrics: None, confirmations: Confirmations::established(sent) })
     }
 }
 
@@ -349,6 +354,8 @@ pub struct Session {
     backend: Backend,
     /// Request latency and state, when [`Session::instrument`]ed.
     pub(crate) metrics: Option<crate::metrics::CoordMetrics>,
+    /// When the server last answered; see [`Session::confirmed_at`].
+    confirmations: Confirmations,
 }
 
 #[derive(Debug)]
@@ -357,14 +364,19 @@ enum Backend {
     Memory(memory::MemSession),
 }
 
-/// Dispatches a call to the backend; both backends have methods of the same names.
+/// Dispatches a call to the backend; both backends have methods of the same names. An answer
+/// from the server (a result or a server-side error) confirms the session as of the send time.
 macro_rules! dispatch {
     ($self:ident . $method:ident ( $($arg:expr),* )) => {{
         let started = std::time::Instant::now();
+        let sent = LeaseInstant::now();
         let result = match &$self.backend {
             Backend::ZooKeeper(s) => s.$method($($arg),*).await,
             Backend::Memory(s) => s.$method($($arg),*),
         };
+        if result.as_ref().err().is_none_or(Error::is_server_answer) {
+            $self.confirmations.confirm(sent);
+        }
         if let Some(metrics) = &$self.metrics {
             metrics.observe(crate::metrics::zookeeper_op(stringify!($method)), started.elapsed(), result.is_err());
         }
@@ -387,6 +399,13 @@ impl Session {
             Backend::ZooKeeper(s) => s.credentials(),
             Backend::Memory(s) => s.credentials(),
         }
+    }
+
+    /// When the server last confirmed this session: the send time of the latest request it
+    /// answered (connecting counts). The server cannot expire the session before this plus the
+    /// session timeout, which is what ownership leases are built on (see `coord/lease.rs`).
+    pub fn confirmed_at(&self) -> Option<LeaseInstant> {
+        self.confirmations.last()
     }
 
     /// The session timeout the server granted.

@@ -180,7 +180,7 @@ pub fn spawn_caller(
 /// Applies `event` to the callers' view; returns a revocation still to drain and acknowledge.
 fn observe(name: &str, event: MemberEvent, v: &mut Visible) -> Option<(BTreeSet<TopicPartition>, RevokeAck)> {
     let (what, partitions) = match &event {
-        MemberEvent::Assigned { partitions } => ("Assigned", partitions.clone()),
+        MemberEvent::Assigned { partitions, .. } => ("Assigned", partitions.clone()),
         MemberEvent::Revoking { partitions, .. } => ("Revoking", partitions.clone()),
         MemberEvent::Revoked { partitions } => ("Revoked", partitions.clone()),
         MemberEvent::Paused => ("Paused", BTreeSet::new()),
@@ -189,7 +189,7 @@ fn observe(name: &str, event: MemberEvent, v: &mut Visible) -> Option<(BTreeSet<
     };
     v.record(name, what, partitions);
     match event {
-        MemberEvent::Assigned { partitions } => {
+        MemberEvent::Assigned { partitions, .. } => {
             for tp in partitions {
                 v.epoch += 1;
                 let epoch = v.epoch;
