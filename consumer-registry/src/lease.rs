@@ -97,6 +97,15 @@ impl Lease {
         self.grant().valid_at(now)
     }
 
+    /// A lease granted to `session` for `bound` from `from`, outside any member: for callers'
+    /// tests that drive emission without a registry.
+    pub fn granted(session: SessionId, from: LeaseInstant, bound: Duration) -> Lease {
+        let lease = Lease::default();
+        lease.begin(session);
+        lease.revalidated(session, from, bound);
+        lease
+    }
+
     fn grant(&self) -> Grant {
         *self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }

@@ -1112,6 +1112,97 @@ mod tests {
         TopicPartition::new(Topic::new(topic).unwrap(), Partition::new(partition).unwrap())
     }
 
+    /// What a test's `next_tuple` emitted.
+    #[derive(Default)]
+    struct Emitted(Vec<(Values, u64)>);
+
+    impl Emit for Emitted {
+        fn emit(&mut self, values: Values, msg_id: u64) -> std::result::Result<(), ComponentError> {
+            self.0.push((values, msg_id));
+            Ok(())
+        }
+
+        fn report_error(&mut self, error: String) {
+            panic!("unexpected component error: {error}");
+        }
+    }
+
+    /// Calls `next_tuple` until `out` holds `n` tuples (librdkafka fetches on its own threads,
+    /// in real time), within ten seconds.
+    fn emit_until(hot: &mut HotPath, out: &mut Emitted, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while out.0.len() < n {
+            assert!(Instant::now() < deadline, "only {} of {n} tuples emitted", out.0.len());
+            hot.next_tuple(out).unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_emitted_once_the_clock_jumps_past_the_lease() {
+        use rdkafka::mocking::MockCluster;
+        use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+
+        let cluster = MockCluster::new(1).unwrap();
+        cluster.create_topic("t", 1, 1).unwrap();
+        let producer: BaseProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .create()
+            .unwrap();
+        for n in 0..200 {
+            producer.send(BaseRecord::<str, str>::to("t").payload(&n.to_string()).partition(0)).unwrap();
+        }
+        producer.flush(Duration::from_secs(10)).unwrap();
+        let config = KafkaSpoutConfig {
+            bootstrap_servers: cluster.bootstrap_servers(),
+            group_id: "g".into(),
+            ..KafkaSpoutConfig::default()
+        };
+        let consumer: BaseConsumer = config.consumer_config().create().unwrap();
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset("t", 0, Offset::Beginning).unwrap();
+        consumer.assign(&tpl).unwrap();
+        let metrics = SpoutMetrics::register(&prometheus::Registry::new()).unwrap();
+        let (s1, s2) = (SessionId(1), SessionId(2));
+        let state = Arc::new(Mutex::new(TaskState::default()));
+        lock(&state).insert(tp("t", 0), s1, Some(0), &metrics, "spout");
+        let bound = Duration::from_secs(4);
+        let mut hot = HotPath {
+            consumer: Arc::new(consumer),
+            state,
+            lease: Lease::granted(s1, LeaseInstant::now(), bound),
+            emit_batch: 1,
+            max_in_flight: 1000,
+            max_pending: None,
+        };
+        let mut out = Emitted::default();
+        emit_until(&mut hot, &mut out, 5);
+
+        // The process stops (or stalls) for the whole lease between two calls: nothing more,
+        // though librdkafka has the rest of the partition ready.
+        tokio::time::advance(bound).await;
+        let emitted = out.0.len();
+        for _ in 0..100 {
+            hot.next_tuple(&mut out).unwrap();
+        }
+        assert_eq!(out.0.len(), emitted, "emitted after the lease ran out");
+
+        // Re-validated: emission goes on where it stopped, so the messages were there all along.
+        hot.lease = Lease::granted(s1, LeaseInstant::now(), bound);
+        emit_until(&mut hot, &mut out, emitted + 5);
+        let offsets: Vec<i64> = out.0.iter().map(|(values, _)| values[2].as_int().unwrap()).collect();
+        assert_eq!(offsets, (0..i64::try_from(out.0.len()).unwrap()).collect::<Vec<_>>());
+
+        // A lease of a newer session does not cover a partition claimed in the old one (its
+        // replacement starts over from the committed offset).
+        hot.lease = Lease::granted(s2, LeaseInstant::now(), bound);
+        let emitted = out.0.len();
+        for _ in 0..100 {
+            hot.next_tuple(&mut out).unwrap();
+        }
+        assert_eq!(out.0.len(), emitted, "emitted a partition claimed in an ended session");
+    }
+
     #[test]
     fn acks_for_a_partition_given_up_or_reassigned_are_stale() {
         let metrics = SpoutMetrics::register(&prometheus::Registry::new()).unwrap();

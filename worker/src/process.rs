@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cluster_state::coord::{
-    CreateMode, Ensemble, Error as CoordError, Session, SessionOptions, Watch, WatchEvent,
+    CreateMode, Ensemble, Error as CoordError, Session, SessionOptions, SessionState, Watch, WatchEvent,
 };
 use cluster_state::ids::{ComponentId, ExecutorId, SupervisorId, TaskId, TopologyId, WorkerSlot};
 use cluster_state::paths::StormPaths;
@@ -378,16 +378,43 @@ async fn read_assignment(
     }
 }
 
-async fn read_active(session: &Session, paths: &StormPaths, id: &TopologyId) -> (bool, Option<Watch>) {
+/// The topology's status with a watch for its next change: `Ok(false)` when it is gone, an
+/// error when ZooKeeper could not say. A ZooKeeper hiccup is not a `deactivate`: the caller
+/// keeps the last known status and reads again.
+async fn read_active(
+    session: &Session,
+    paths: &StormPaths,
+    id: &TopologyId,
+) -> Result<(bool, Watch), CoordError> {
     match session.read_watch::<StormBase>(&paths.storm(id)).await {
-        Ok((base, _, w)) => (base.status == TopologyStatus::Active, Some(w)),
-        Err(CoordError::NoNode { .. }) => match session.exists_watch(&paths.storm(id)).await {
-            Ok((_, w)) => (false, Some(w)),
-            Err(_) => (false, None),
-        },
+        Ok((base, _, w)) => Ok((base.status == TopologyStatus::Active, w)),
+        Err(CoordError::NoNode { .. }) => {
+            session.exists_watch(&paths.storm(id)).await.map(|(_, w)| (false, w))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Applies a status read: the new status and its watch, or the last known status and a note
+/// to read again soon.
+fn take_status(
+    read: Result<(bool, Watch), CoordError>,
+    status_active: &mut bool,
+    base_watch: &mut Option<Watch>,
+    reread: &mut bool,
+) {
+    match read {
+        Ok((active, w)) => {
+            *status_active = active;
+            *base_watch = Some(w);
+            *reread = false;
+        }
         Err(e) => {
-            tracing::warn!(error = %e, "cannot read the topology's status");
-            (false, None)
+            if !*reread {
+                tracing::warn!(error = %e, active = *status_active, "cannot read the topology's status; keeping the last known one and reading again");
+            }
+            *base_watch = None;
+            *reread = true;
         }
     }
 }
@@ -446,11 +473,18 @@ async fn run_session(
         metrics_stop.clone(),
     ));
     let _stop_metrics = metrics_stop.drop_guard();
-    let (mut status_active, base_watch) = read_active(session, paths, id).await;
+    // Until the status is known the spouts stay inactive (the worker starts them inactive).
+    let (mut status_active, mut base_watch, mut reread_status) = (false, None, false);
+    take_status(
+        read_active(session, paths, id).await,
+        &mut status_active,
+        &mut base_watch,
+        &mut reread_status,
+    );
+    let mut session_states = session.state_changes();
     let started = Instant::now();
     let mut activation = tokio::time::interval(ACTIVATION_CHECK);
     let mut assign_watch = Some(assign_watch);
-    let mut base_watch = base_watch;
     let mut plan = plan;
     let start_secs = now_secs();
     let beat_path = LocalWorkerHeartbeat::path(&args.local_dir, &args.worker_id);
@@ -500,7 +534,14 @@ async fn run_session(
                 }
             }
             _ = refresh.tick() => reconcile = true,
-            _ = activation.tick() => {}
+            // A status read that failed is tried again at the next check, not a refresh later.
+            _ = activation.tick() => {
+                if reread_status {
+                    take_status(read_active(session, paths, id).await, &mut status_active, &mut base_watch, &mut reread_status);
+                }
+            }
+            // Watches may have been missed while disconnected: re-read everything.
+            Some(event) = session_states.next() => reconcile = event.state == SessionState::Connected,
             _ = fired(&mut assign_watch) => { assign_watch = None; reconcile = true; }
             _ = fired(&mut base_watch) => { base_watch = None; reconcile = true; }
             Some(report) = err_rx.recv() => {
@@ -548,9 +589,12 @@ async fn run_session(
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot re-read the assignment"),
             }
-            let (active, w) = read_active(session, paths, id).await;
-            base_watch = w;
-            status_active = active;
+            take_status(
+                read_active(session, paths, id).await,
+                &mut status_active,
+                &mut base_watch,
+                &mut reread_status,
+            );
         }
         apply_activation(&worker, status_active, started);
     }

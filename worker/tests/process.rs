@@ -387,3 +387,99 @@ async fn a_worker_whose_session_expires_stops_with_an_error() {
         other => panic!("expected a session-lost error, got {other:?}"),
     }
 }
+
+/// Tuples emitted so far by `component`'s executors, from the worker's metrics registry.
+fn emitted(registry: &prometheus::Registry, component: &str) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == "squall_executor_emitted_total")
+        .flat_map(|f| f.get_metric())
+        .filter(|m| m.get_label().iter().any(|l| l.name() == "component" && l.value() == component))
+        .map(|m| m.get_counter().get_value())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zookeeper_hiccup_does_not_deactivate_the_spouts() {
+    // A status read that fails (connection lost) used to count as "inactive" until the next
+    // successful read; the spouts must go on while the last known status is active.
+    let ensemble = Ensemble::in_memory();
+    let Ensemble::Memory(memory) = ensemble.clone() else { unreachable!() };
+    let s = ensemble.connect(&SessionOptions::default()).await.unwrap();
+    let paths = StormPaths::default();
+    let id = TopologyId::new(&TopologyName::new("wc").unwrap(), 1, 1_700_000_000);
+    let slot = WorkerSlot { node: SupervisorId::new("sup-1").unwrap(), port: free_port() };
+    let topology = wordcount(1);
+    let layout = TaskLayout::compute(&topology.component_parallelism());
+    let executors = layout
+        .executors
+        .keys()
+        .map(|e| ExecutorAssignment {
+            executor: *e,
+            node: slot.node.clone(),
+            port: slot.port,
+            start_time_secs: 1,
+        })
+        .collect();
+    let assignment = Assignment {
+        master_code_dir: "/none".into(),
+        node_host: [(slot.node.clone(), "127.0.0.1".into())].into(),
+        executors,
+    };
+    let base = StormBase {
+        name: TopologyName::new("wc").unwrap(),
+        launch_time_secs: 1_700_000_000,
+        status: TopologyStatus::Active,
+        num_workers: 1,
+        component_executors: topology.component_executors(),
+        owner: "test".into(),
+        prev_status: None,
+        pending_transition: None,
+    };
+    s.create(&paths.storm(&id), &base.encode(), CreateMode::Persistent.with_parents()).await.unwrap();
+    s.create(&paths.assignment(&id), &assignment.encode(), CreateMode::Persistent.with_parents())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let args = WorkerArgs {
+        topology_id: id.clone(),
+        supervisor_id: slot.node.clone(),
+        port: slot.port,
+        worker_id: "w".into(),
+        local_dir: dir.path().to_owned(),
+        hostname: "127.0.0.1".into(),
+    };
+    // Re-read status every second, so reads fail during the hiccup below.
+    let config =
+        WorkerConfig { refresh_poll_secs: 1, bind_host: "127.0.0.1".into(), ..WorkerConfig::default() };
+    let registry = prometheus::Registry::new();
+    let cancel = CancellationToken::new();
+    let (e2, p2, r2, c2) = (ensemble.clone(), paths.clone(), registry.clone(), cancel.clone());
+    let handle = tokio::spawn(async move { run(args, config, wordcount(1), e2, p2, &r2, c2).await });
+    wait_for(30, "the spout to emit", || async { emitted(&registry, "sentences") > 0.0 }).await;
+    let worker_sessions: Vec<_> = memory.sessions().into_iter().filter(|id| *id != s.id()).collect();
+    for session in &worker_sessions {
+        memory.disconnect(*session);
+    }
+    // Hold the connection down across at least two status refreshes (one per second), within
+    // the session timeout (20 s); the spout must keep emitting all along.
+    let started = Instant::now();
+    let mut last = emitted(&registry, "sentences");
+    let mut samples = Vec::new();
+    while started.elapsed() < Duration::from_millis(3500) {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let now = emitted(&registry, "sentences");
+        samples.push(now - last);
+        last = now;
+    }
+    for session in &worker_sessions {
+        memory.reconnect(*session);
+    }
+    assert!(
+        samples.iter().skip(1).all(|d| *d > 0.0),
+        "the spout stopped emitting during the hiccup: {samples:?}"
+    );
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(30), handle).await.unwrap().unwrap().unwrap();
+}
