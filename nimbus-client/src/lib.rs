@@ -20,9 +20,10 @@ use cluster_state::api::{
 use cluster_state::code::CodeFile;
 use cluster_state::ids::TopologyId;
 use http_body_util::{BodyExt, Full};
+pub use hyper::StatusCode;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
-use hyper::{Request, Response, StatusCode};
+use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
