@@ -26,12 +26,12 @@ use cluster_state::ids::TopologyId;
 use cluster_state::layout::TaskLayout;
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{ExecutorStats, WorkerHeartbeat};
-use serde_json::json;
 use supervisor::launch::{LaunchError, Launcher, WorkerSpec};
 use tokio_util::sync::CancellationToken;
 use worker::Registry;
 
-use crate::client::NimbusClient;
+use cluster_state::api::{SubmitTopology, UploadId};
+use nimbus_client::{ClientError, NimbusClient};
 
 /// How long stopping workers may take (in-flight tuples drain meanwhile).
 const DRAIN: Duration = Duration::from_secs(5);
@@ -531,14 +531,13 @@ async fn run_cluster(
     let outcome = async {
         let client = NimbusClient::new(nimbus_address, None);
         let upload = submit_when_up(&client, text).await?;
-        let submitted = client
-            .post("/api/v1/topology/submit", &json!({"topologyUpload": upload, "owner": "local"}))
-            .await
-            .map_err(|e| e.to_string())?;
-        let id: TopologyId = submitted["id"]
-            .as_str()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("nimbus answered the submit without an id: {submitted}"))?;
+        let request = SubmitTopology {
+            topology_upload: upload,
+            worker_upload: None,
+            inactive: false,
+            owner: "local".into(),
+        };
+        let id = client.submit(&request).await.map_err(|e| e.to_string())?.id;
         eprintln!("squall local: submitted as {id}");
         let session = ensemble.connect(&SessionOptions::default()).await.map_err(|e| e.to_string())?;
         let paths = StormPaths::default();
@@ -569,9 +568,9 @@ async fn run_cluster(
             }
         }
         let totals = read_totals(&session, &paths, &id, layout, components).await;
-        let errors = client.get(&format!("/api/v1/topology/{id}/errors")).await.ok();
+        let errors = client.errors(&id).await.ok();
         // Remove the topology (its znodes matter with a real --zookeeper, which outlives us).
-        if let Err(e) = client.post(&format!("/api/v1/topology/{id}/kill/0"), &json!({})).await {
+        if let Err(e) = client.kill(&id, 0).await {
             eprintln!("squall local: could not kill {id}: {e}");
         }
         let removed = Instant::now() + DRAIN;
@@ -589,24 +588,20 @@ async fn run_cluster(
     launcher.stop_all(DRAIN).await;
     let _ = nimbus.await;
     let (ran, totals, errors) = outcome?;
-    for e in errors.iter().flat_map(|v| v["errors"].as_array().cloned().unwrap_or_default()) {
-        eprintln!(
-            "error in {}: {}",
-            e["component"].as_str().unwrap_or("?"),
-            e["error"].as_str().unwrap_or("?")
-        );
+    for e in errors.iter().flat_map(|reply| &reply.errors) {
+        eprintln!("error in {}: {}", e.component, e.error);
     }
     eprintln!("squall local: ran {:.1} s\n{}", ran.as_secs_f64(), summary_table(&totals, components));
     Ok(())
 }
 
 /// Uploads the topology once nimbus answers (it starts alongside).
-async fn submit_when_up(client: &NimbusClient, text: &str) -> Result<String, String> {
+async fn submit_when_up(client: &NimbusClient, text: &str) -> Result<UploadId, String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match client.upload(text.as_bytes(), |_| {}).await {
             Ok(id) => return Ok(id),
-            Err(crate::client::ClientError::Unreachable { .. }) if Instant::now() < deadline => {
+            Err(ClientError::Unreachable { .. }) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(e) => return Err(e.to_string()),

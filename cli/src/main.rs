@@ -5,7 +5,6 @@
 //! ([`ops`]): `submit`, `list`, `kill`, `activate`, `deactivate`, `rebalance`, `errors`; and
 //! `offsets` ([`offsets`]) for consumer groups.
 
-mod client;
 mod config;
 mod daemons;
 mod local;

@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 
+use cluster_state::api::{Count, RebalanceOptions, SubmitTopology, TopologySummaries};
+use cluster_state::ids::{ComponentId, TopologyId};
 use cluster_state::structure::TopologyStructure;
-use serde_json::{Value, json};
+use nimbus_client::{ClientError, NimbusClient};
 
-use crate::client::NimbusClient;
 use crate::config::ClusterConfig;
 
 /// Where nimbus is.
@@ -97,14 +98,24 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .map_err(|e| format!("cannot start: {e}"))
 }
 
+/// A failed call worded for the operator: what to do next when nimbus does not answer.
+pub fn explain(e: ClientError) -> String {
+    match e {
+        ClientError::Unreachable { .. } => format!(
+            "{e} (is `squall nimbus` running there? set nimbus.http.address in the config file or pass --nimbus)"
+        ),
+        e => e.to_string(),
+    }
+}
+
 /// Finds the id of the topology called `name` (an id is accepted as is, if nimbus has it).
-async fn resolve(client: &NimbusClient, name: &str) -> Result<String, String> {
-    let summary = client.get("/api/v1/topology/summary").await.map_err(|e| e.to_string())?;
-    let topologies = summary["topologies"].as_array().cloned().unwrap_or_default();
-    topologies
-        .iter()
-        .find(|t| t["name"] == name || t["id"] == name)
-        .and_then(|t| t["id"].as_str().map(str::to_owned))
+async fn resolve(client: &NimbusClient, name: &str) -> Result<TopologyId, String> {
+    let summary = client.topology_summary().await.map_err(explain)?;
+    summary
+        .topologies
+        .into_iter()
+        .find(|t| t.name.as_str() == name || t.id.as_str() == name)
+        .map(|t| t.id)
         .ok_or_else(|| {
             format!("no topology named {name:?} is running; `squall list` shows the ones that are")
         })
@@ -133,7 +144,7 @@ pub fn submit(cmd: SubmitCommand, components: &worker::Registry) -> Result<(), S
     };
     let client = cmd.client.client()?;
     runtime()?.block_on(async {
-        let topology_upload = client.upload(text.as_bytes(), |_| {}).await.map_err(|e| e.to_string())?;
+        let topology_upload = client.upload(text.as_bytes(), |_| {}).await.map_err(explain)?;
         let worker_upload = match &binary {
             Some(bytes) => {
                 let total = bytes.len() as f64 / 1_048_576.0;
@@ -146,26 +157,22 @@ pub fn submit(cmd: SubmitCommand, components: &worker::Registry) -> Result<(), S
                         let _ = std::io::stderr().flush();
                     })
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(explain)?;
                 eprintln!();
                 Some(id)
             }
             None => None,
         };
-        let owner = std::env::var("USER").unwrap_or_default();
-        let body = json!({
-            "topologyUpload": topology_upload,
-            "workerUpload": worker_upload,
-            "inactive": cmd.inactive,
-            "owner": owner,
-        });
-        let submitted = client.post("/api/v1/topology/submit", &body).await.map_err(|e| e.to_string())?;
+        let request = SubmitTopology {
+            topology_upload,
+            worker_upload,
+            inactive: cmd.inactive,
+            owner: std::env::var("USER").unwrap_or_default(),
+        };
+        let submitted = client.submit(&request).await.map_err(explain)?;
         println!(
             "Submitted topology {} as {} ({}, {} workers)",
-            submitted["name"].as_str().unwrap_or("?"),
-            submitted["id"].as_str().unwrap_or("?"),
-            submitted["status"].as_str().unwrap_or("?"),
-            submitted["workers"],
+            submitted.name, submitted.id, submitted.status, submitted.workers
         );
         Ok(())
     })
@@ -175,15 +182,15 @@ pub fn submit(cmd: SubmitCommand, components: &worker::Registry) -> Result<(), S
 pub fn list(args: ClientArgs) -> Result<(), String> {
     let client = args.client()?;
     runtime()?.block_on(async {
-        let summary = client.get("/api/v1/topology/summary").await.map_err(|e| e.to_string())?;
+        let summary = client.topology_summary().await.map_err(explain)?;
         print!("{}", list_table(&summary));
         Ok(())
     })
 }
 
 /// Storm's `list` output for a topology summary.
-pub fn list_table(summary: &Value) -> String {
-    let topologies = summary["topologies"].as_array().cloned().unwrap_or_default();
+pub fn list_table(summary: &TopologySummaries) -> String {
+    let topologies = &summary.topologies;
     if topologies.is_empty() {
         return "No topologies running.\n".to_owned();
     }
@@ -196,14 +203,14 @@ pub fn list_table(summary: &Value) -> String {
         "Uptime_secs",
         "-".repeat(72)
     );
-    for t in &topologies {
+    for t in topologies {
         out.push_str(&format!(
             "{:<24} {:<12} {:<10} {:<12} {}\n",
-            t["name"].as_str().unwrap_or("?"),
-            t["status"].as_str().unwrap_or("?"),
-            t["tasksTotal"].to_string(),
-            t["workersTotal"].to_string(),
-            t["uptimeSeconds"],
+            t.name.as_str(),
+            t.status,
+            t.tasks_total,
+            t.workers_total,
+            t.uptime_seconds,
         ));
     }
     out
@@ -212,10 +219,10 @@ pub fn list_table(summary: &Value) -> String {
 /// `squall activate` / `squall deactivate`.
 pub fn set_active(cmd: NameCommand, active: bool) -> Result<(), String> {
     let client = cmd.client.client()?;
-    let verb = if active { "activate" } else { "deactivate" };
     runtime()?.block_on(async {
         let id = resolve(&client, &cmd.name).await?;
-        client.post(&format!("/api/v1/topology/{id}/{verb}"), &json!({})).await.map_err(|e| e.to_string())?;
+        let done = if active { client.activate(&id).await } else { client.deactivate(&id).await };
+        done.map_err(explain)?;
         println!("{} topology: {}", if active { "Activated" } else { "Deactivated" }, cmd.name);
         Ok(())
     })
@@ -226,17 +233,14 @@ pub fn kill(cmd: KillCommand) -> Result<(), String> {
     let client = cmd.client.client()?;
     runtime()?.block_on(async {
         let id = resolve(&client, &cmd.name).await?;
-        client
-            .post(&format!("/api/v1/topology/{id}/kill/{}", cmd.wait_secs), &json!({}))
-            .await
-            .map_err(|e| e.to_string())?;
+        client.kill(&id, cmd.wait_secs).await.map_err(explain)?;
         println!("Killed topology: {} (removed in {} s)", cmd.name, cmd.wait_secs);
         Ok(())
     })
 }
 
 /// `-e COMPONENT=N` values, checked.
-pub fn parse_executors(values: &[String]) -> Result<BTreeMap<String, u32>, String> {
+pub fn parse_executors(values: &[String]) -> Result<BTreeMap<ComponentId, Count>, String> {
     values
         .iter()
         .map(|v| {
@@ -247,7 +251,8 @@ pub fn parse_executors(values: &[String]) -> Result<BTreeMap<String, u32>, Strin
             if component.is_empty() {
                 return Err(format!("-e {v:?}: the component is missing"));
             }
-            Ok((component.to_owned(), n))
+            let component = ComponentId::new(component).map_err(|e| format!("-e {v:?}: {e}"))?;
+            Ok((component, Count(n)))
         })
         .collect()
 }
@@ -258,20 +263,8 @@ pub fn rebalance(cmd: RebalanceCommand) -> Result<(), String> {
     let client = cmd.client.client()?;
     runtime()?.block_on(async {
         let id = resolve(&client, &cmd.name).await?;
-        let mut options = serde_json::Map::new();
-        if let Some(n) = cmd.num_workers {
-            options.insert("numWorkers".into(), json!(n));
-        }
-        if !executors.is_empty() {
-            options.insert("executors".into(), json!(executors));
-        }
-        client
-            .post(
-                &format!("/api/v1/topology/{id}/rebalance/{}", cmd.wait_secs),
-                &json!({"rebalanceOptions": options}),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
+        let options = RebalanceOptions { num_workers: cmd.num_workers.map(Count), executors };
+        client.rebalance(&id, cmd.wait_secs, options).await.map_err(explain)?;
         println!("Rebalancing topology: {} (in {} s)", cmd.name, cmd.wait_secs);
         Ok(())
     })
@@ -282,19 +275,14 @@ pub fn errors(cmd: NameCommand) -> Result<(), String> {
     let client = cmd.client.client()?;
     runtime()?.block_on(async {
         let id = resolve(&client, &cmd.name).await?;
-        let reply = client.get(&format!("/api/v1/topology/{id}/errors")).await.map_err(|e| e.to_string())?;
-        let errors = reply["errors"].as_array().cloned().unwrap_or_default();
+        let errors = client.errors(&id).await.map_err(explain)?.errors;
         if errors.is_empty() {
             println!("No errors reported by topology {}.", cmd.name);
         }
         for e in errors {
             println!(
                 "{}s ago  {}  {}:{}  {}",
-                e["errorLapsedSecs"],
-                e["component"].as_str().unwrap_or("?"),
-                e["errorHost"].as_str().unwrap_or("?"),
-                e["errorPort"],
-                e["error"].as_str().unwrap_or("?"),
+                e.error_lapsed_secs, e.component, e.error_host, e.error_port, e.error
             );
         }
         Ok(())
@@ -308,10 +296,13 @@ mod tests {
     #[test]
     fn executor_options_are_checked() {
         let ok = parse_executors(&["split=4".into(), "count=2".into()]).unwrap();
-        assert_eq!(ok.get("split"), Some(&4));
-        for (bad, says) in
-            [("split", "COMPONENT=N"), ("split=x", "not a whole number"), ("=3", "component is missing")]
-        {
+        assert_eq!(ok.get(&ComponentId::new("split").unwrap()), Some(&Count(4)));
+        for (bad, says) in [
+            ("split", "COMPONENT=N"),
+            ("split=x", "not a whole number"),
+            ("=3", "component is missing"),
+            ("a/b=3", "invalid component id"),
+        ] {
             let err = parse_executors(&[bad.into()]).unwrap_err();
             assert!(err.contains(says), "{bad}: {err}");
         }
@@ -319,10 +310,20 @@ mod tests {
 
     #[test]
     fn list_prints_storms_table() {
-        assert_eq!(list_table(&json!({"topologies": []})), "No topologies running.\n");
-        let table = list_table(&json!({"topologies": [
-            {"name": "wordcount", "status": "ACTIVE", "tasksTotal": 9, "workersTotal": 2, "uptimeSeconds": 61}
-        ]}));
+        assert_eq!(list_table(&TopologySummaries { topologies: vec![] }), "No topologies running.\n");
+        let table = list_table(&TopologySummaries {
+            topologies: vec![cluster_state::api::TopologySummary {
+                id: "wordcount-1-1700000000".parse().unwrap(),
+                name: cluster_state::ids::TopologyName::new("wordcount").unwrap(),
+                status: "ACTIVE".into(),
+                uptime: "1m 1s".into(),
+                uptime_seconds: 61,
+                tasks_total: 9,
+                workers_total: 2,
+                executors_total: 5,
+                owner: String::new(),
+            }],
+        });
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].starts_with("Topology_name") && lines[0].contains("Num_workers"));
         assert_eq!(lines[2].find('9'), lines[0].find("Num_tasks"), "columns line up: {table}");

@@ -16,10 +16,14 @@
 //!   Flux YAML without resolving classes (what nimbus schedules with).
 //! - [`metrics`]: the `/metrics` endpoint every process serves, and the coordination client's
 //!   metrics (request latency, session state).
+//! - [`api`]: nimbus's HTTP/JSON API as a wire format: routes (the one place `/api/v1` is
+//!   spelled), request and response bodies with Storm UI's keys, the upload id, the checksum
+//!   header. Golden-tested like the znodes.
 //! - [`coord`]: the coordination client every other crate uses, with two backends of the same
 //!   semantics: real ZooKeeper (`zookeeper-client`) and an in-memory ensemble for
 //!   `squall local` and fast tests. One conformance suite holds both to the same behaviour.
 
+pub mod api;
 pub mod code;
 pub mod coord;
 pub mod ids;

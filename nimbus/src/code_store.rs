@@ -19,10 +19,8 @@
 //! Uploads idle for `nimbus.file.copy.expiration.secs` are discarded by [`CodeStore::expire`].
 
 use std::collections::HashMap;
-use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -30,7 +28,6 @@ use cluster_state::ids::TopologyId;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
-use uuid::Uuid;
 
 /// Storm keeps nimbus's uploads in `inbox/` and installed code in `stormdist/`.
 const INBOX: &str = "inbox";
@@ -61,40 +58,8 @@ impl Default for CodeStoreLimits {
     }
 }
 
-/// The server-generated id of an upload: a UUID, shown hyphenated and lowercase.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct UploadId(Uuid);
-
-impl UploadId {
-    fn generate() -> Self {
-        UploadId(Uuid::new_v4())
-    }
-}
-
-impl fmt::Display for UploadId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0.hyphenated())
-    }
-}
-
-impl FromStr for UploadId {
-    type Err = CodeStoreError;
-    /// Only the canonical hyphenated form (any case) is accepted.
-    fn from_str(s: &str) -> Result<Self, CodeStoreError> {
-        let bad = || CodeStoreError::InvalidUploadId { value: s.chars().take(80).collect() };
-        if s.len() != 36 {
-            return Err(bad());
-        }
-        Uuid::try_parse(s).map(UploadId).map_err(|_| bad())
-    }
-}
-
+pub use cluster_state::api::UploadId;
 pub use cluster_state::code::CodeFile;
-
-/// Parses a code file name from a request, as a code-store error.
-pub fn parse_code_file(name: &str) -> Result<CodeFile, CodeStoreError> {
-    name.parse().map_err(|e: cluster_state::ids::IdError| CodeStoreError::UnknownCodeFile { value: e.value })
-}
 
 /// A finished, verified upload waiting for [`CodeStore::install`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,10 +83,6 @@ pub struct CodeFileReader {
 /// requests that were wrong from the disk failing.
 #[derive(Debug, thiserror::Error)]
 pub enum CodeStoreError {
-    #[error("invalid upload id {value:?}: must be a UUID such as 123e4567-e89b-42d3-a456-426614174000")]
-    InvalidUploadId { value: String },
-    #[error("unknown code file {value:?}: must be one of \"topology.yaml\", \"worker\"")]
-    UnknownCodeFile { value: String },
     #[error("no upload {id}: it never began, was already installed, or expired after inactivity")]
     UnknownUpload { id: UploadId },
     #[error("upload of {size} bytes is larger than the limit of {max} bytes")]
@@ -531,7 +492,6 @@ mod tests {
             "123e4567-e89b-42d3-a456-426614174000\0",
         ] {
             let err = bad.parse::<UploadId>().unwrap_err();
-            assert!(matches!(err, CodeStoreError::InvalidUploadId { .. }), "{bad:?}");
             assert!(err.to_string().starts_with("invalid upload id"), "{err}");
         }
     }
@@ -541,7 +501,7 @@ mod tests {
         assert_eq!("worker".parse::<CodeFile>().unwrap(), CodeFile::WorkerBinary);
         assert_eq!("topology.yaml".parse::<CodeFile>().unwrap(), CodeFile::Topology);
         for bad in ["", ".", "..", "../worker", "worker/", "/etc/passwd", "worker.sha256", "WORKER"] {
-            assert!(matches!(parse_code_file(bad), Err(CodeStoreError::UnknownCodeFile { .. })), "{bad:?}");
+            assert!(bad.parse::<CodeFile>().is_err(), "{bad:?}");
         }
         for bad in
             ["..", "../wc-1-1", "wc/../x-1-1", "..-1-1", "a/b-1-1", "a\\b-1-1", "wc-1", "wc-01-1", ".-1-1"]

@@ -1,39 +1,33 @@
 //! Nimbus's HTTP/JSON API, shaped like Storm's UI REST API so scripts written for Storm work.
+//! The routes, bodies and their JSON keys are the wire format in `cluster_state::api` (see
+//! `cluster_state::api::routes` for the table); this is the server: [`run`] accepts
+//! connections, `dispatch` matches a request to its [`Route`], checks the method and the token,
+//! decodes the body into the route's type, and calls one handler per route.
 //!
 //! ```text
-//! GET  /api/v1/cluster/summary
-//! GET  /api/v1/supervisor/summary                 {"supervisors":[...]}
-//! GET  /api/v1/topology/summary                   {"topologies":[...]}
-//! GET  /api/v1/topology/:id                       summary + base record settings
-//! GET  /api/v1/topology/:id/errors                {"id":..,"errors":[...]} newest first
-//! GET  /api/v1/topology/:id/code/:file            the code file; sha256 in X-Checksum-Sha256
-//! POST /api/v1/topology/submit                   {"topologyUpload":..,"workerUpload":..,
-//!                                                  "inactive":false,"owner":".."} -> 201 {"id":..}
-//! POST /api/v1/topology/:id/activate | deactivate
-//! POST /api/v1/topology/:id/kill/:wait-time
-//! POST /api/v1/topology/:id/rebalance/:wait-time  {"numWorkers":N,"executors":{"comp":N}}
-//! GET  /api/v1/prometheus/targets                 Prometheus HTTP service discovery: nimbus,
-//!                                                  every live supervisor and worker /metrics
 //! GET  /metrics                                   nimbus's own metrics (Prometheus text)
-//! POST /api/v1/uploads                            {"size":N} -> 201 {"uploadId":..}
-//! POST /api/v1/uploads/:upload-id/chunks/:offset  raw bytes -> {"received":N}
-//! POST /api/v1/uploads/:upload-id/finish          {"sha256":".."} -> {"size":N,"sha256":..}
 //! ```
 //!
-//! Errors are `{"error": "<reason phrase>", "errorMessage": "<what is wrong>"}` with a 4xx for
-//! anything the client got wrong (400 naming the field, 401, 404, 405, 409, 413, 429); a 5xx
-//! only when nimbus or ZooKeeper failed. When a token is configured, every POST needs
-//! `Authorization: Bearer <token>`. Bodies are size-limited before they are read.
+//! Errors are `ErrorBody` (`{"error": "<reason phrase>", "errorMessage": "<what is wrong>"}`)
+//! with a 4xx for anything the client got wrong (400 naming the field, 401, 404, 405, 409, 413,
+//! 429); a 5xx only when nimbus or ZooKeeper failed. When a token is configured, every POST
+//! needs `Authorization: Bearer <token>`. Bodies are size-limited before they are read.
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use cluster_state::api::{
+    self, BeginUpload, BodyError, ChunkReceived, ClusterSummary, ErrorBody, FinishUpload, Operation,
+    RebalanceRequest, Route, RouteError, SubmitTopology, Submitted, SupervisorSummaries, TargetGroup,
+    TopologyDetail, TopologyError, TopologyErrors, TopologyOperation, TopologySummaries, UploadBegun,
+    UploadFinished, UploadId,
+};
+use cluster_state::code::CodeFile;
 use cluster_state::coord;
-use cluster_state::ids::{ComponentId, TopologyId};
+use cluster_state::ids::TopologyId;
 use futures::TryStreamExt;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited, StreamBody};
@@ -42,20 +36,20 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
 use tokio_util::io::ReaderStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::assigner::{Assigner, SubmitError, SubmitRequest};
-use crate::code_store::{CodeFile, CodeStoreError, UploadId, parse_code_file};
+use crate::code_store::CodeStoreError;
 use crate::lifecycle::{Event, LifecycleError};
 use crate::state;
 use crate::transitions::{Applied, TimerHandle, TransitionError, Transitions, now_secs};
 
 /// The header carrying a code file's SHA-256 (lowercase hex) on download.
-pub const CHECKSUM_HEADER: &str = "x-checksum-sha256";
+pub use cluster_state::api::CHECKSUM_HEADER;
 
 /// Limits and settings of the API.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,10 +181,8 @@ impl From<CodeStoreError> for ApiError {
     fn from(e: CodeStoreError) -> Self {
         use CodeStoreError::*;
         let status = match &e {
-            InvalidUploadId { .. } | InvalidChecksum { .. } | ChecksumMismatch { .. } => {
-                StatusCode::BAD_REQUEST
-            }
-            UnknownCodeFile { .. } | UnknownUpload { .. } | NoCode { .. } => StatusCode::NOT_FOUND,
+            InvalidChecksum { .. } | ChecksumMismatch { .. } => StatusCode::BAD_REQUEST,
+            UnknownUpload { .. } | NoCode { .. } => StatusCode::NOT_FOUND,
             TooLarge { .. } | PastDeclaredSize { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             TooManyUploads { .. } => StatusCode::TOO_MANY_REQUESTS,
             WrongOffset { .. } | Incomplete { .. } | AlreadyFinished { .. } | NotFinished { .. } => {
@@ -231,6 +223,12 @@ impl From<SubmitError> for ApiError {
     }
 }
 
+impl From<BodyError> for ApiError {
+    fn from(e: BodyError) -> Self {
+        ApiError::bad_request(format!("request body: {e}"))
+    }
+}
+
 fn json_response(status: StatusCode, body: &impl Serialize) -> Response<Body> {
     let bytes = serde_json::to_vec(body).unwrap_or_else(|e| {
         // Our own bodies always serialize; say so if one does not rather than panic.
@@ -248,8 +246,8 @@ fn full(bytes: impl Into<Bytes>) -> Body {
 }
 
 fn error_response(e: ApiError) -> Response<Body> {
-    let reason = e.status.canonical_reason().unwrap_or("Error");
-    let mut response = json_response(e.status, &json!({"error": reason, "errorMessage": e.message}));
+    let error = e.status.canonical_reason().unwrap_or("Error").to_owned();
+    let mut response = json_response(e.status, &ErrorBody { error, error_message: e.message });
     if let Some(allow) = e.allow {
         response.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
     }
@@ -259,7 +257,7 @@ fn error_response(e: ApiError) -> Response<Body> {
 async fn handle(state: &ApiState, request: Request<Incoming>) -> Response<Body> {
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
-    let response = match route(state, request).await {
+    let response = match dispatch(state, request).await {
         Ok(response) => response,
         Err(e) => {
             tracing::debug!(%method, %path, status = %e.status, "request refused: {}", e.message);
@@ -270,248 +268,227 @@ async fn handle(state: &ApiState, request: Request<Incoming>) -> Response<Body> 
     response
 }
 
-/// The routes: which segments, which method.
-enum Route {
-    ClusterSummary,
-    SupervisorSummary,
-    TopologySummary,
-    Targets,
-    Submit,
-    Topology(String),
-    Errors(String),
-    Code(String, String),
-    Activate(String),
-    Deactivate(String),
-    Kill(String, String),
-    Rebalance(String, String),
-    BeginUpload,
-    Chunk(String, String),
-    FinishUpload(String),
+/// A handler's answer, `200 OK`.
+fn ok(body: &impl Serialize) -> Result<Response<Body>, ApiError> {
+    Ok(json_response(StatusCode::OK, body))
 }
 
-impl Route {
-    fn parse(path: &str) -> Option<Route> {
-        let rest = path.strip_prefix("/api/v1/")?;
-        let segments: Vec<&str> = rest.split('/').collect();
-        let s = |i: usize| segments[i].to_owned();
-        Some(match segments.as_slice() {
-            ["cluster", "summary"] => Route::ClusterSummary,
-            ["supervisor", "summary"] => Route::SupervisorSummary,
-            ["topology", "summary"] => Route::TopologySummary,
-            ["prometheus", "targets"] => Route::Targets,
-            // Not a topology id (those are `name-counter-secs`), so no id is shadowed.
-            ["topology", "submit"] => Route::Submit,
-            ["topology", _] => Route::Topology(s(1)),
-            ["topology", _, "errors"] => Route::Errors(s(1)),
-            ["topology", _, "code", _] => Route::Code(s(1), s(3)),
-            ["topology", _, "activate"] => Route::Activate(s(1)),
-            ["topology", _, "deactivate"] => Route::Deactivate(s(1)),
-            ["topology", _, "kill", _] => Route::Kill(s(1), s(3)),
-            ["topology", _, "rebalance", _] => Route::Rebalance(s(1), s(3)),
-            ["uploads"] => Route::BeginUpload,
-            ["uploads", _, "chunks", _] => Route::Chunk(s(1), s(3)),
-            ["uploads", _, "finish"] => Route::FinishUpload(s(1)),
-            _ => return None,
-        })
-    }
-
-    fn method(&self) -> Method {
-        match self {
-            Route::ClusterSummary
-            | Route::SupervisorSummary
-            | Route::TopologySummary
-            | Route::Targets
-            | Route::Topology(_)
-            | Route::Errors(_)
-            | Route::Code(..) => Method::GET,
-            _ => Method::POST,
-        }
-    }
+fn wrong_method(path: &str, wanted: &Method, given: &Method) -> ApiError {
+    let allow = if *wanted == Method::GET { "GET" } else { "POST" };
+    let mut e = ApiError::new(StatusCode::METHOD_NOT_ALLOWED, format!("{path} accepts {allow}, not {given}"));
+    e.allow = Some(allow);
+    e
 }
 
-async fn route(state: &ApiState, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+/// Matches the request to its route (method, then token, then the path's segments), and calls
+/// the route's handler with its decoded body.
+async fn dispatch(state: &ApiState, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let path = request.uri().path().to_owned();
     if path == "/metrics" {
         let response = cluster_state::metrics::respond(&state.registry, request.method(), &path);
         let (parts, body) = response.into_parts();
         return Ok(Response::from_parts(parts, body.map_err(|never| match never {}).boxed()));
     }
-    let route =
-        Route::parse(&path).ok_or_else(|| ApiError::not_found(format!("no such resource: {path}")))?;
-    let wanted = route.method();
+    let (wanted, route) = match Route::parse(&path) {
+        Ok(route) => (route.method(), Ok(route)),
+        Err(RouteError::NoSuchResource { path }) => {
+            return Err(ApiError::not_found(format!("no such resource: {path}")));
+        }
+        Err(RouteError::Invalid { method, segment }) => (method, Err(segment)),
+    };
     if request.method() != wanted {
-        let allow = if wanted == Method::GET { "GET" } else { "POST" };
-        let mut e = ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            format!("{path} accepts {allow}, not {}", request.method()),
-        );
-        e.allow = Some(allow);
-        return Err(e);
+        return Err(wrong_method(&path, &wanted, request.method()));
     }
     if wanted == Method::POST {
         authorize(state, &request)?;
     }
-    let transitions = &state.transitions;
-    let (session, paths) = (transitions.session(), transitions.paths());
+    let route = route.map_err(|segment| match segment {
+        // A name nimbus has no file for, like an unknown id.
+        api::InvalidSegment::CodeFile(_) => ApiError::not_found(segment.to_string()),
+        _ => ApiError::bad_request(segment.to_string()),
+    })?;
+    let json_limit = state.config.max_json_body_bytes;
     match route {
-        Route::ClusterSummary => {
-            let snapshot = snapshot(state).await?;
-            Ok(json_response(StatusCode::OK, &snapshot.cluster_summary(&state.config.version)))
-        }
-        Route::SupervisorSummary => {
-            let snapshot = snapshot(state).await?;
-            Ok(json_response(StatusCode::OK, &json!({"supervisors": snapshot.supervisor_summaries()})))
-        }
-        Route::TopologySummary => {
-            let snapshot = snapshot(state).await?;
-            Ok(json_response(StatusCode::OK, &json!({"topologies": snapshot.topology_summaries()})))
-        }
-        Route::Targets => {
+        Route::ClusterSummary => ok(&cluster_summary(state).await?),
+        Route::SupervisorSummary => ok(&supervisor_summary(state).await?),
+        Route::TopologySummary => ok(&topology_summary(state).await?),
+        Route::PrometheusTargets => {
             // nimbus is where Prometheus reached it; the others published their endpoints.
-            let own = request
-                .headers()
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .map(str::to_owned)
-                .unwrap_or_default();
-            let snapshot = snapshot(state).await?;
-            let workers = state::read_worker_endpoints(session, paths, snapshot.storms.keys()).await?;
-            transitions.metrics().garbage_znodes.inc_by(workers.skipped.len() as u64);
-            Ok(json_response(
-                StatusCode::OK,
-                &crate::views::discovery_targets(&own, &snapshot, &workers.value),
-            ))
+            let own = request.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or_default();
+            ok(&prometheus_targets(state, own).await?)
         }
-        Route::Topology(id) => {
-            let id = topology_id(&id)?;
-            let snapshot = snapshot(state).await?;
-            let detail = snapshot.topology_detail(&id).ok_or_else(|| unknown_topology(&id))?;
-            Ok(json_response(StatusCode::OK, &detail))
-        }
-        Route::Errors(id) => {
-            let id = topology_id(&id)?;
-            if session.exists(&paths.storm(&id)).await?.is_none() {
-                return Err(unknown_topology(&id));
-            }
-            let now = now_secs();
-            let read = state::read_errors(session, paths, &id).await?;
-            transitions.metrics().garbage_znodes.inc_by(read.skipped.len() as u64);
-            let errors = read.value;
-            let errors: Vec<Value> = errors
-                .into_iter()
-                .map(|e| {
-                    json!({
-                        "component": e.component.as_str(),
-                        "error": e.info.error,
-                        "errorHost": e.info.host,
-                        "errorPort": e.info.port,
-                        "errorTime": e.info.time_secs.saturating_mul(1000),
-                        "errorLapsedSecs": now.saturating_sub(e.info.time_secs),
-                    })
-                })
-                .collect();
-            Ok(json_response(StatusCode::OK, &json!({"id": id.as_str(), "errors": errors})))
-        }
-        Route::Code(id, file) => {
-            let id = topology_id(&id)?;
-            let file: CodeFile = parse_code_file(&file)?;
-            let reader = transitions.code().open_code(&id, file).await?;
-            let stream = ReaderStream::new(reader.file).map_ok(Frame::data);
-            let mut response = Response::new(StreamBody::new(stream).boxed());
-            let headers = response.headers_mut();
-            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
-            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(reader.size));
-            // Checked to be 64 hex digits when the file was opened, so always a valid value.
-            if let Ok(sum) = HeaderValue::from_str(&reader.sha256) {
-                headers.insert(CHECKSUM_HEADER, sum);
-            }
-            Ok(response)
-        }
+        Route::Topology(id) => ok(&topology(state, &id).await?),
+        Route::TopologyErrors(id) => ok(&topology_errors(state, &id).await?),
+        Route::Code(id, file) => code(state, &id, file).await,
         Route::Submit => {
-            let body = read_body(request, state.config.max_json_body_bytes).await?;
-            let value = json_object(&body)?;
-            let upload = |field: &str| -> Result<Option<UploadId>, ApiError> {
-                match value.get(field) {
-                    None | Some(Value::Null) => Ok(None),
-                    Some(Value::String(s)) => Ok(Some(s.parse()?)),
-                    Some(_) => Err(ApiError::bad_request(format!(
-                        "field {field:?}: an upload id string is required"
-                    ))),
-                }
-            };
-            let topology = upload("topologyUpload")?.ok_or_else(|| {
-                ApiError::bad_request("field \"topologyUpload\": the topology file's upload id is required")
-            })?;
-            let inactive = match value.get("inactive") {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => {
-                    return Err(ApiError::bad_request("field \"inactive\": true or false is required"));
-                }
-            };
-            let owner = match value.get("owner") {
-                None | Some(Value::Null) => String::new(),
-                Some(Value::String(s)) if s.len() <= 256 && !s.chars().any(char::is_control) => s.clone(),
-                Some(_) => {
-                    return Err(ApiError::bad_request(
-                        "field \"owner\": a user name (at most 256 characters, no control characters) is required",
-                    ));
-                }
-            };
-            let request = SubmitRequest { topology, worker_binary: upload("workerUpload")?, inactive, owner };
-            let (id, base) = state.assigner.submit(request).await?;
-            Ok(json_response(
-                StatusCode::CREATED,
-                &json!({"id": id.as_str(), "name": base.name.as_str(), "status": base.status.as_str(), "workers": base.num_workers}),
-            ))
+            let submitted = submit(state, json_body(request, json_limit).await?).await?;
+            Ok(json_response(StatusCode::CREATED, &submitted))
         }
-        Route::Activate(id) => operate(state, &id, "activate", Event::Activate).await,
-        Route::Deactivate(id) => operate(state, &id, "deactivate", Event::Deactivate).await,
-        Route::Kill(id, wait) => {
-            let wait_secs = wait_time(&wait)?;
-            operate(state, &id, "kill", Event::Kill { wait_secs }).await
+        Route::Activate(id) => ok(&operate(state, &id, Operation::Activate, Event::Activate).await?),
+        Route::Deactivate(id) => ok(&operate(state, &id, Operation::Deactivate, Event::Deactivate).await?),
+        Route::Kill { id, wait_secs } => {
+            ok(&operate(state, &id, Operation::Kill, Event::Kill { wait_secs }).await?)
         }
-        Route::Rebalance(id, wait) => {
-            let wait_secs = wait_time(&wait)?;
-            let body = read_body(request, state.config.max_json_body_bytes).await?;
-            let (num_workers, component_executors) = rebalance_options(&body)?;
-            let event = Event::Rebalance { wait_secs, num_workers, component_executors };
-            operate(state, &id, "rebalance", event).await
+        Route::Rebalance { id, wait_secs } => {
+            let body = read_body(request, json_limit).await?;
+            // An empty body changes nothing (Storm UI's "rebalance" button sends none).
+            let options = if body.iter().all(u8::is_ascii_whitespace) {
+                Default::default()
+            } else {
+                api::decode_request::<RebalanceRequest>(&body)?.into_options()
+            };
+            let event = Event::Rebalance {
+                wait_secs,
+                num_workers: options.num_workers.map(|n| n.0),
+                component_executors: options.executors.into_iter().map(|(c, n)| (c, n.0)).collect(),
+            };
+            ok(&operate(state, &id, Operation::Rebalance, event).await?)
         }
         Route::BeginUpload => {
-            let body = read_body(request, state.config.max_json_body_bytes).await?;
-            let value = json_object(&body)?;
-            let size = value
-                .get("size")
-                .and_then(Value::as_u64)
-                .ok_or_else(|| ApiError::bad_request("field \"size\": a non-negative integer is required"))?;
-            let id = transitions.code().begin(size).await?;
-            Ok(json_response(StatusCode::CREATED, &json!({"uploadId": id.to_string(), "size": size})))
+            let begun = begin_upload(state, json_body(request, json_limit).await?).await?;
+            Ok(json_response(StatusCode::CREATED, &begun))
         }
-        Route::Chunk(upload, offset) => {
-            let upload: UploadId = upload.parse()?;
-            let offset: u64 = offset.parse().map_err(|_| {
-                ApiError::bad_request(format!("offset {offset:?}: a non-negative integer is required"))
-            })?;
+        Route::Chunk { upload, offset } => {
             let body = read_body(request, state.config.max_chunk_bytes).await?;
-            let received = transitions.code().chunk(upload, offset, &body).await?;
-            Ok(json_response(StatusCode::OK, &json!({"uploadId": upload.to_string(), "received": received})))
+            ok(&chunk(state, upload, offset, &body).await?)
         }
         Route::FinishUpload(upload) => {
-            let upload: UploadId = upload.parse()?;
-            let body = read_body(request, state.config.max_json_body_bytes).await?;
-            let value = json_object(&body)?;
-            let sha256 = value
-                .get("sha256")
-                .and_then(Value::as_str)
-                .ok_or_else(|| ApiError::bad_request("field \"sha256\": a hex string is required"))?;
-            let finished = transitions.code().finish(upload, sha256).await?;
-            Ok(json_response(
-                StatusCode::OK,
-                &json!({"uploadId": finished.id.to_string(), "size": finished.size, "sha256": finished.sha256}),
-            ))
+            ok(&finish_upload(state, upload, json_body(request, json_limit).await?).await?)
         }
     }
+}
+
+fn unknown_topology(id: &TopologyId) -> ApiError {
+    ApiError::not_found(format!("no topology {id}"))
+}
+
+async fn snapshot(state: &ApiState) -> Result<crate::views::ClusterSnapshot, ApiError> {
+    let t = &state.transitions;
+    let read = state::read_snapshot(t.session(), t.paths(), state.nimbus_start_secs, now_secs()).await?;
+    t.metrics().garbage_znodes.inc_by(read.skipped.len() as u64);
+    Ok(read.value)
+}
+
+async fn cluster_summary(state: &ApiState) -> Result<ClusterSummary, ApiError> {
+    Ok(snapshot(state).await?.cluster_summary(&state.config.version))
+}
+
+async fn supervisor_summary(state: &ApiState) -> Result<SupervisorSummaries, ApiError> {
+    Ok(SupervisorSummaries { supervisors: snapshot(state).await?.supervisor_summaries() })
+}
+
+async fn topology_summary(state: &ApiState) -> Result<TopologySummaries, ApiError> {
+    Ok(TopologySummaries { topologies: snapshot(state).await?.topology_summaries() })
+}
+
+/// `own` is nimbus's address as the caller reached it.
+async fn prometheus_targets(state: &ApiState, own: &str) -> Result<Vec<TargetGroup>, ApiError> {
+    let t = &state.transitions;
+    let snapshot = snapshot(state).await?;
+    let workers = state::read_worker_endpoints(t.session(), t.paths(), snapshot.storms.keys()).await?;
+    t.metrics().garbage_znodes.inc_by(workers.skipped.len() as u64);
+    Ok(crate::views::discovery_targets(own, &snapshot, &workers.value))
+}
+
+async fn topology(state: &ApiState, id: &TopologyId) -> Result<TopologyDetail, ApiError> {
+    snapshot(state).await?.topology_detail(id).ok_or_else(|| unknown_topology(id))
+}
+
+async fn topology_errors(state: &ApiState, id: &TopologyId) -> Result<TopologyErrors, ApiError> {
+    let t = &state.transitions;
+    if t.session().exists(&t.paths().storm(id)).await?.is_none() {
+        return Err(unknown_topology(id));
+    }
+    let now = now_secs();
+    let read = state::read_errors(t.session(), t.paths(), id).await?;
+    t.metrics().garbage_znodes.inc_by(read.skipped.len() as u64);
+    let errors = read
+        .value
+        .into_iter()
+        .map(|e| TopologyError {
+            component: e.component,
+            error: e.info.error,
+            error_host: e.info.host,
+            error_port: e.info.port,
+            error_time: e.info.time_secs.saturating_mul(1000),
+            error_lapsed_secs: now.saturating_sub(e.info.time_secs),
+        })
+        .collect();
+    Ok(TopologyErrors { id: id.clone(), errors })
+}
+
+/// Streams a code file, its SHA-256 in [`CHECKSUM_HEADER`].
+async fn code(state: &ApiState, id: &TopologyId, file: CodeFile) -> Result<Response<Body>, ApiError> {
+    let reader = state.transitions.code().open_code(id, file).await?;
+    let stream = ReaderStream::new(reader.file).map_ok(Frame::data);
+    let mut response = Response::new(StreamBody::new(stream).boxed());
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(reader.size));
+    // Checked to be 64 hex digits when the file was opened, so always a valid value.
+    if let Ok(sum) = HeaderValue::from_str(&reader.sha256) {
+        headers.insert(CHECKSUM_HEADER, sum);
+    }
+    Ok(response)
+}
+
+async fn submit(state: &ApiState, body: SubmitTopology) -> Result<Submitted, ApiError> {
+    body.check_owner().map_err(ApiError::bad_request)?;
+    let request = SubmitRequest {
+        topology: body.topology_upload,
+        worker_binary: body.worker_upload,
+        inactive: body.inactive,
+        owner: body.owner,
+    };
+    let (id, base) = state.assigner.submit(request).await?;
+    Ok(Submitted { id, name: base.name, status: base.status.as_str().to_owned(), workers: base.num_workers })
+}
+
+/// Applies a lifecycle event and answers as Storm UI does.
+async fn operate(
+    state: &ApiState,
+    id: &TopologyId,
+    operation: Operation,
+    event: Event,
+) -> Result<TopologyOperation, ApiError> {
+    let applied = state.transitions.apply(id, event, now_secs()).await?;
+    if let Some(deadline) = applied.pending_deadline_secs() {
+        state.timers.arm(id.clone(), deadline).await;
+    }
+    let status = match &applied {
+        Applied::Unchanged(base) | Applied::Updated(base) => base.status.as_str().to_ascii_uppercase(),
+        Applied::Removed => "REMOVED".to_owned(),
+    };
+    Ok(TopologyOperation {
+        topology_operation: operation,
+        topology_id: id.clone(),
+        status: "success".to_owned(),
+        topology_status: status,
+    })
+}
+
+async fn begin_upload(state: &ApiState, body: BeginUpload) -> Result<UploadBegun, ApiError> {
+    let upload_id = state.transitions.code().begin(body.size).await?;
+    Ok(UploadBegun { upload_id, size: body.size })
+}
+
+async fn chunk(
+    state: &ApiState,
+    upload: UploadId,
+    offset: u64,
+    bytes: &[u8],
+) -> Result<ChunkReceived, ApiError> {
+    let received = state.transitions.code().chunk(upload, offset, bytes).await?;
+    Ok(ChunkReceived { upload_id: upload, received })
+}
+
+async fn finish_upload(
+    state: &ApiState,
+    upload: UploadId,
+    body: FinishUpload,
+) -> Result<UploadFinished, ApiError> {
+    let finished = state.transitions.code().finish(upload, &body.sha256).await?;
+    Ok(UploadFinished { upload_id: finished.id, size: finished.size, sha256: finished.sha256 })
 }
 
 fn authorize(state: &ApiState, request: &Request<Incoming>) -> Result<(), ApiError> {
@@ -536,52 +513,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn topology_id(value: &str) -> Result<TopologyId, ApiError> {
-    value.parse().map_err(|e| ApiError::bad_request(format!("topology id: {e}")))
-}
-
-fn unknown_topology(id: &TopologyId) -> ApiError {
-    ApiError::not_found(format!("no topology {id}"))
-}
-
-fn wait_time(value: &str) -> Result<u64, ApiError> {
-    let bad = || ApiError::bad_request(format!("wait-time {value:?}: a whole number of seconds is required"));
-    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad());
-    }
-    value.parse().map_err(|_| bad())
-}
-
-async fn snapshot(state: &ApiState) -> Result<crate::views::ClusterSnapshot, ApiError> {
-    let t = &state.transitions;
-    let read = state::read_snapshot(t.session(), t.paths(), state.nimbus_start_secs, now_secs()).await?;
-    t.metrics().garbage_znodes.inc_by(read.skipped.len() as u64);
-    Ok(read.value)
-}
-
-/// Applies a lifecycle event and answers as Storm UI does.
-async fn operate(
-    state: &ApiState,
-    id: &str,
-    operation: &str,
-    event: Event,
-) -> Result<Response<Body>, ApiError> {
-    let id = topology_id(id)?;
-    let applied = state.transitions.apply(&id, event, now_secs()).await?;
-    if let Some(deadline) = applied.pending_deadline_secs() {
-        state.timers.arm(id.clone(), deadline).await;
-    }
-    let status = match &applied {
-        Applied::Unchanged(base) | Applied::Updated(base) => base.status.as_str().to_ascii_uppercase(),
-        Applied::Removed => "REMOVED".to_owned(),
-    };
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({"topologyOperation": operation, "topologyId": id.as_str(), "status": "success",
-                "topologyStatus": status}),
-    ))
-}
-
 /// Reads a body of at most `limit` bytes; a declared or actual larger one is a 413.
 async fn read_body(request: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
     let too_large =
@@ -601,58 +532,9 @@ async fn read_body(request: Request<Incoming>, limit: usize) -> Result<Bytes, Ap
     }
 }
 
-fn json_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(ApiError::bad_request("request body: a JSON object is required")),
-        Err(e) => Err(ApiError::bad_request(format!("request body: not JSON: {e}"))),
-    }
-}
-
-/// Storm UI's rebalance body: `{"rebalanceOptions":{"numWorkers":N,"executors":{"c":N}}}`, or
-/// the options at top level. Storm UI sends executor counts as strings, so both are taken.
-/// An empty body changes nothing.
-fn rebalance_options(body: &[u8]) -> Result<(Option<u32>, BTreeMap<ComponentId, u32>), ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok((None, BTreeMap::new()));
-    }
-    let top = json_object(body)?;
-    let options = match top.get("rebalanceOptions") {
-        Some(Value::Object(options)) => options.clone(),
-        Some(_) => return Err(ApiError::bad_request("field \"rebalanceOptions\": an object is required")),
-        None => top,
-    };
-    let count = |field: &str, value: &Value| -> Result<u32, ApiError> {
-        let n = match value {
-            Value::Number(n) => n.as_u64(),
-            Value::String(s) => s.parse().ok(),
-            _ => None,
-        };
-        n.and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| ApiError::bad_request(format!("field {field:?}: a positive integer is required")))
-    };
-    let num_workers = match options.get("numWorkers") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(count("numWorkers", v)?),
-    };
-    let mut executors = BTreeMap::new();
-    match options.get("executors") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(map)) => {
-            for (component, value) in map {
-                let field = format!("executors.{component}");
-                let id = ComponentId::new(component.as_str())
-                    .map_err(|e| ApiError::bad_request(format!("field {field:?}: {e}")))?;
-                executors.insert(id, count(&field, value)?);
-            }
-        }
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "field \"executors\": an object of component -> count is required",
-            ));
-        }
-    }
-    Ok((num_workers, executors))
+/// Reads and decodes a JSON request body; a bad one is a 400 naming the field at fault.
+async fn json_body<T: DeserializeOwned>(request: Request<Incoming>, limit: usize) -> Result<T, ApiError> {
+    Ok(api::decode_request(&read_body(request, limit).await?)?)
 }
 
 #[cfg(test)]
@@ -660,47 +542,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn routes_and_methods() {
-        assert!(matches!(Route::parse("/api/v1/cluster/summary"), Some(Route::ClusterSummary)));
-        assert!(matches!(Route::parse("/api/v1/topology/wc-1-1/kill/5"), Some(Route::Kill(..))));
-        assert!(Route::parse("/api/v1/topology/wc-1-1/kill").is_none());
-        assert!(Route::parse("/api/v2/cluster/summary").is_none());
-        assert!(Route::parse("/api/v1/cluster/summary/").is_none());
-        assert_eq!(Route::parse("/api/v1/uploads").map(|r| r.method()), Some(Method::POST));
-    }
-
-    #[test]
-    fn rebalance_bodies() {
-        let (n, e) =
-            rebalance_options(br#"{"rebalanceOptions":{"numWorkers":3,"executors":{"split":"4"}}}"#).unwrap();
-        assert_eq!((n, e.values().copied().collect::<Vec<_>>()), (Some(3), vec![4]));
-        let (n, e) = rebalance_options(br#"{"numWorkers":2}"#).unwrap();
-        assert_eq!((n, e.len()), (Some(2), 0));
-        assert_eq!(rebalance_options(b"").unwrap(), (None, BTreeMap::new()));
-        for (body, field) in [
-            (&br#"{"numWorkers":-1}"#[..], "numWorkers"),
-            (br#"{"numWorkers":"x"}"#, "numWorkers"),
-            (br#"{"executors":{"split":1.5}}"#, "executors.split"),
-            (br#"{"executors":{"a/b":1}}"#, "executors.a/b"),
-            (br#"{"executors":[1]}"#, "executors"),
-            (br#"[1]"#, "JSON object"),
-            (br#"{"#, "not JSON"),
-        ] {
-            let err = rebalance_options(body).unwrap_err();
-            assert_eq!(err.status, StatusCode::BAD_REQUEST);
-            assert!(err.message.contains(field), "{} lacks {field}", err.message);
-        }
-    }
-
-    #[test]
-    fn wait_times_and_tokens() {
-        assert_eq!(wait_time("0").unwrap(), 0);
-        assert_eq!(wait_time("30").unwrap(), 30);
-        for bad in ["", "-1", "1.5", "x", "+3", "99999999999999999999999"] {
-            assert!(wait_time(bad).unwrap_err().message.contains("wait-time"), "{bad}");
-        }
+    fn tokens_compare_in_full() {
         assert!(constant_time_eq(b"secret", b"secret"));
         assert!(!constant_time_eq(b"secret", b"secreT"));
         assert!(!constant_time_eq(b"secret", b"secret2"));
+    }
+
+    #[test]
+    fn bad_bodies_are_400s_naming_the_field() {
+        let e =
+            ApiError::from(api::decode_request::<RebalanceRequest>(br#"{"numWorkers":"x"}"#).unwrap_err());
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.starts_with("request body: field \"numWorkers\""), "{}", e.message);
     }
 }

@@ -1,15 +1,18 @@
-//! The read side of nimbus's HTTP API, as pure functions from what ZooKeeper holds to the JSON
-//! bodies of Storm's UI REST API (`/api/v1/cluster/summary`, `/api/v1/supervisor/summary`,
-//! `/api/v1/topology/summary`), with Storm's key names so scripts written for Storm work.
+//! The read side of nimbus's HTTP API, as pure functions from what ZooKeeper holds to the
+//! bodies of Storm's UI REST API (cluster, supervisor and topology summaries, the topology view;
+//! the types and their Storm key names are `cluster_state::api`'s).
 //!
 //! Slot usage is counted from the assignments (what nimbus decided), as Storm UI does, not from
 //! what supervisors report, which lags.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use cluster_state::api::{
+    ClusterSummary, PendingAction, PendingTransitionView, SupervisorSummary, TargetGroup, TopologyDetail,
+    TopologySummary,
+};
 use cluster_state::ids::{SupervisorId, TopologyId, WorkerSlot};
 use cluster_state::znode::{Assignment, DelayedTransition, StormBase, SupervisorInfo};
-use serde::Serialize;
 
 /// Everything the summaries are computed from, read in one pass.
 #[derive(Debug, Clone, Default)]
@@ -20,52 +23,6 @@ pub struct ClusterSnapshot {
     /// When this nimbus started, seconds since the epoch.
     pub nimbus_start_secs: u64,
     pub now_secs: u64,
-}
-
-/// `GET /api/v1/cluster/summary`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ClusterSummary {
-    /// Storm's key, carrying Squall's version.
-    pub storm_version: String,
-    pub nimbus_uptime: String,
-    pub nimbus_uptime_seconds: u64,
-    pub supervisors: usize,
-    pub slots_total: usize,
-    pub slots_used: usize,
-    pub slots_free: usize,
-    pub executors_total: usize,
-    pub tasks_total: u64,
-    pub topologies: usize,
-}
-
-/// One entry of `GET /api/v1/supervisor/summary`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SupervisorSummary {
-    pub id: String,
-    pub host: String,
-    pub uptime: String,
-    pub uptime_seconds: u64,
-    pub slots_total: usize,
-    pub slots_used: usize,
-    pub version: String,
-}
-
-/// One entry of `GET /api/v1/topology/summary`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TopologySummary {
-    pub id: String,
-    pub name: String,
-    /// Storm UI's upper-case status: `ACTIVE`, `INACTIVE`, `REBALANCING`, `KILLED`.
-    pub status: String,
-    pub uptime: String,
-    pub uptime_seconds: u64,
-    pub tasks_total: u64,
-    pub workers_total: usize,
-    pub executors_total: usize,
-    pub owner: String,
 }
 
 /// Storm UI's uptime format: `1d 2h 3m 4s`, leading zero units left out.
@@ -80,7 +37,7 @@ fn used_slots(snapshot: &ClusterSnapshot) -> BTreeSet<WorkerSlot> {
 }
 
 impl ClusterSnapshot {
-    /// `GET /api/v1/cluster/summary`.
+    /// `Route::ClusterSummary`.
     pub fn cluster_summary(&self, version: &str) -> ClusterSummary {
         let used = used_slots(self);
         let slots_total: usize = self.supervisors.values().map(|s| s.all_ports.len()).sum();
@@ -101,13 +58,13 @@ impl ClusterSnapshot {
         }
     }
 
-    /// `GET /api/v1/supervisor/summary` (the body's `supervisors` list), by id.
+    /// `Route::SupervisorSummary` (the body's `supervisors` list), by id.
     pub fn supervisor_summaries(&self) -> Vec<SupervisorSummary> {
         let used = used_slots(self);
         self.supervisors
             .values()
             .map(|info| SupervisorSummary {
-                id: info.supervisor_id.to_string(),
+                id: info.supervisor_id.clone(),
                 host: info.hostname.clone(),
                 uptime: pretty_uptime(info.uptime_secs),
                 uptime_seconds: info.uptime_secs,
@@ -118,7 +75,7 @@ impl ClusterSnapshot {
             .collect()
     }
 
-    /// `GET /api/v1/topology/summary` (the body's `topologies` list), by id.
+    /// `Route::TopologySummary` (the body's `topologies` list), by id.
     pub fn topology_summaries(&self) -> Vec<TopologySummary> {
         self.storms.iter().map(|(id, base)| self.topology_summary(id, base)).collect()
     }
@@ -128,8 +85,8 @@ impl ClusterSnapshot {
         let executors: Vec<_> = assignment.map(|a| a.executors.iter().collect()).unwrap_or_default();
         let uptime = self.now_secs.saturating_sub(base.launch_time_secs);
         TopologySummary {
-            id: id.to_string(),
-            name: base.name.to_string(),
+            id: id.clone(),
+            name: base.name.clone(),
             status: base.status.as_str().to_ascii_uppercase(),
             uptime: pretty_uptime(uptime),
             uptime_seconds: uptime,
@@ -140,7 +97,7 @@ impl ClusterSnapshot {
         }
     }
 
-    /// `GET /api/v1/topology/:id`: the summary plus the base record's settings. Component
+    /// `Route::Topology`: the summary plus the base record's settings. Component
     /// details (Storm UI's `spouts` and `bolts`) need the topology definition and come later.
     pub fn topology_detail(&self, id: &TopologyId) -> Option<TopologyDetail> {
         let base = self.storms.get(id)?;
@@ -148,12 +105,12 @@ impl ClusterSnapshot {
             summary: self.topology_summary(id, base),
             launch_time_secs: base.launch_time_secs,
             requested_workers: base.num_workers,
-            component_executors: base.component_executors.iter().map(|(c, n)| (c.to_string(), *n)).collect(),
+            component_executors: base.component_executors.clone(),
             prev_status: base.prev_status.map(|s| s.as_str().to_ascii_uppercase()),
             pending_transition: base.pending_transition.as_ref().map(|p| PendingTransitionView {
                 action: match p {
-                    DelayedTransition::Kill { .. } => "kill",
-                    DelayedTransition::Rebalance { .. } => "rebalance",
+                    DelayedTransition::Kill { .. } => PendingAction::Kill,
+                    DelayedTransition::Rebalance { .. } => PendingAction::Rebalance,
                 },
                 deadline_secs: p.deadline_secs(),
                 seconds_left: p.deadline_secs().saturating_sub(self.now_secs),
@@ -162,47 +119,25 @@ impl ClusterSnapshot {
     }
 }
 
-/// `GET /api/v1/topology/:id`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TopologyDetail {
-    #[serde(flatten)]
-    pub summary: TopologySummary,
-    pub launch_time_secs: u64,
-    /// Storm UI's key for the configured worker count.
-    pub requested_workers: u32,
-    pub component_executors: BTreeMap<String, u32>,
-    /// The status a rebalance returns to.
-    pub prev_status: Option<String>,
-    pub pending_transition: Option<PendingTransitionView>,
-}
-
-/// A delayed kill or rebalance as the topology view shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PendingTransitionView {
-    pub action: &'static str,
-    pub deadline_secs: u64,
-    pub seconds_left: u64,
-}
-
 /// Prometheus HTTP service discovery (`http_sd_configs`): one target group per process, with
 /// bounded labels (`squall_role`, `supervisor`, `topology`, `port`).
 pub fn discovery_targets(
     nimbus: &str,
     snapshot: &ClusterSnapshot,
     workers: &[crate::state::WorkerEndpoint],
-) -> Vec<serde_json::Value> {
+) -> Vec<TargetGroup> {
+    let group = |target: String, labels: &[(&str, &str)]| TargetGroup {
+        targets: vec![target],
+        labels: labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+    };
     let mut groups = Vec::new();
     if !nimbus.is_empty() {
-        groups.push(serde_json::json!({"targets": [nimbus], "labels": {"squall_role": "nimbus"}}));
+        groups.push(group(nimbus.to_owned(), &[("squall_role", "nimbus")]));
     }
     for (id, info) in &snapshot.supervisors {
         if let Some(endpoint) = &info.metrics_endpoint {
-            groups.push(serde_json::json!({
-                "targets": [endpoint],
-                "labels": {"squall_role": "supervisor", "supervisor": id.as_str()},
-            }));
+            groups
+                .push(group(endpoint.clone(), &[("squall_role", "supervisor"), ("supervisor", id.as_str())]));
         }
     }
     for w in workers {
@@ -210,15 +145,14 @@ pub fn discovery_targets(
         if !snapshot.supervisors.contains_key(&w.slot.node) {
             continue;
         }
-        groups.push(serde_json::json!({
-            "targets": [w.endpoint],
-            "labels": {
-                "squall_role": "worker",
-                "topology": w.topology.as_str(),
-                "supervisor": w.slot.node.as_str(),
-                "port": w.slot.port.to_string(),
-            },
-        }));
+        let port = w.slot.port.to_string();
+        let labels = [
+            ("squall_role", "worker"),
+            ("topology", w.topology.as_str()),
+            ("supervisor", w.slot.node.as_str()),
+            ("port", port.as_str()),
+        ];
+        groups.push(group(w.endpoint.clone(), &labels));
     }
     groups
 }
@@ -317,7 +251,7 @@ mod tests {
             json!({"id": "a", "host": "host-a", "uptime": "1d 1h 1m 1s", "uptimeSeconds": 90_061,
                    "slotsTotal": 2, "slotsUsed": 1, "version": "0.1.0"})
         );
-        assert_eq!(supervisors[1]["slotsUsed"], 1);
+        assert_eq!(snapshot.supervisor_summaries()[1].slots_used, 1);
         let topologies = serde_json::to_value(snapshot.topology_summaries()).unwrap();
         assert_eq!(
             topologies,

@@ -13,15 +13,10 @@ use std::time::Duration;
 
 use cluster_state::code::CodeFile;
 use cluster_state::ids::TopologyId;
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Bytes;
-use hyper::{Request, StatusCode};
-use hyper_util::rt::TokioIo;
+use nimbus_client::{ClientError, NimbusClient, StatusCode};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
-/// The header nimbus sends a code file's SHA-256 in (lowercase hex).
-pub const CHECKSUM_HEADER: &str = "x-checksum-sha256";
 const TMP_PREFIX: &str = ".download-";
 
 /// Why a topology's code could not be brought here.
@@ -48,8 +43,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CodeError + '_ {
 /// See the module docs.
 #[derive(Debug, Clone)]
 pub struct CodeSync {
-    /// nimbus's API address, `host:port`.
-    pub nimbus: String,
+    /// nimbus's API.
+    pub nimbus: NimbusClient,
     /// `<storm.local.dir>/stormdist`.
     pub stormdist: PathBuf,
     /// Bound on one file's download.
@@ -60,7 +55,7 @@ impl CodeSync {
     /// Code under `<local_dir>/stormdist`, fetched from nimbus at `nimbus` (`host:port`).
     pub fn new(nimbus: impl Into<String>, local_dir: &Path) -> Self {
         CodeSync {
-            nimbus: nimbus.into(),
+            nimbus: NimbusClient::new(nimbus, None),
             stormdist: local_dir.join("stormdist"),
             timeout: Duration::from_secs(300),
         }
@@ -110,7 +105,7 @@ impl CodeSync {
                 Ok(Err(e)) => return Err(e),
                 Err(_) => {
                     return Err(CodeError::Nimbus {
-                        nimbus: self.nimbus.clone(),
+                        nimbus: self.nimbus.address.clone(),
                         reason: format!("downloading {file} of {topology} took over {:?}", self.timeout),
                     });
                 }
@@ -121,47 +116,27 @@ impl CodeSync {
 
     /// Streams one file to `target`, hashing as it goes.
     async fn download(&self, topology: &TopologyId, file: CodeFile, target: &Path) -> Result<(), CodeError> {
-        let unreachable = |reason: String| CodeError::Nimbus { nimbus: self.nimbus.clone(), reason };
-        let stream =
-            tokio::net::TcpStream::connect(&self.nimbus).await.map_err(|e| unreachable(e.to_string()))?;
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        let driver = tokio::spawn(connection);
-        let request = Request::get(format!("/api/v1/topology/{topology}/code/{}", file.file_name()))
-            .header(hyper::header::HOST, &self.nimbus)
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| unreachable(e.to_string()))?;
-        let response = sender.send_request(request).await.map_err(|e| unreachable(e.to_string()))?;
-        let status = response.status();
-        let expected = response
-            .headers()
-            .get(CHECKSUM_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_ascii_lowercase);
-        let mut body = response.into_body();
-        if !status.is_success() {
-            let text = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-            driver.abort();
-            return Err(CodeError::Status {
-                topology: topology.clone(),
-                file,
-                status,
-                body: String::from_utf8_lossy(&text).chars().take(200).collect(),
-            });
-        }
-        let expected = expected.ok_or_else(|| CodeError::NoChecksum { topology: topology.clone(), file })?;
+        let from_client = |e: ClientError| match e {
+            ClientError::Refused { status, message, .. } => {
+                CodeError::Status { topology: topology.clone(), file, status, body: message }
+            }
+            ClientError::Unreachable { address, reason } => CodeError::Nimbus { nimbus: address, reason },
+            other @ ClientError::BadAnswer { .. } => {
+                CodeError::Nimbus { nimbus: self.nimbus.address.clone(), reason: other.to_string() }
+            }
+        };
+        let mut download = self.nimbus.download_code(topology, file).await.map_err(from_client)?;
+        let expected = download
+            .sha256
+            .take()
+            .ok_or_else(|| CodeError::NoChecksum { topology: topology.clone(), file })?;
         let mut out = tokio::fs::File::create(target).await.map_err(io(target))?;
         let mut hash = Sha256::new();
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| unreachable(e.to_string()))?;
-            if let Ok(data) = frame.into_data() {
-                hash.update(&data);
-                out.write_all(&data).await.map_err(io(target))?;
-            }
+        while let Some(data) = download.next_chunk().await.map_err(from_client)? {
+            hash.update(&data);
+            out.write_all(&data).await.map_err(io(target))?;
         }
         out.sync_all().await.map_err(io(target))?;
-        driver.abort();
         let actual = hex::encode(hash.finalize());
         if actual != expected {
             return Err(CodeError::Checksum { topology: topology.clone(), file, expected, actual });

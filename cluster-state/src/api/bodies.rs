@@ -1,0 +1,326 @@
+//! Request and response bodies, with Storm UI's REST API key names (camelCase). Requests refuse
+//! unknown fields except where Storm's own clients send more (rebalance); responses ignore them,
+//! so nimbus can add a field without breaking older clients. Golden-tested in
+//! `cluster-state/tests/api_formats.rs`: a key here is a wire name, never renamed.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
+
+use crate::api::UploadId;
+use crate::ids::{ComponentId, SupervisorId, TopologyId, TopologyName};
+
+/// Every error: `{"error": "<reason phrase>", "errorMessage": "<what is wrong>"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ErrorBody {
+    /// The HTTP reason phrase, e.g. `Bad Request`.
+    pub error: String,
+    pub error_message: String,
+}
+
+/// `GET /api/v1/cluster/summary`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterSummary {
+    /// Storm's key, carrying Squall's version.
+    pub storm_version: String,
+    pub nimbus_uptime: String,
+    pub nimbus_uptime_seconds: u64,
+    pub supervisors: usize,
+    pub slots_total: usize,
+    pub slots_used: usize,
+    pub slots_free: usize,
+    pub executors_total: usize,
+    pub tasks_total: u64,
+    pub topologies: usize,
+}
+
+/// `GET /api/v1/supervisor/summary`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SupervisorSummaries {
+    pub supervisors: Vec<SupervisorSummary>,
+}
+
+/// One supervisor of [`SupervisorSummaries`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SupervisorSummary {
+    pub id: SupervisorId,
+    pub host: String,
+    pub uptime: String,
+    pub uptime_seconds: u64,
+    pub slots_total: usize,
+    pub slots_used: usize,
+    pub version: String,
+}
+
+/// `GET /api/v1/topology/summary`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopologySummaries {
+    pub topologies: Vec<TopologySummary>,
+}
+
+/// One topology of [`TopologySummaries`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologySummary {
+    pub id: TopologyId,
+    pub name: TopologyName,
+    /// Storm UI's upper-case status: `ACTIVE`, `INACTIVE`, `REBALANCING`, `KILLED`.
+    pub status: String,
+    pub uptime: String,
+    pub uptime_seconds: u64,
+    pub tasks_total: u64,
+    pub workers_total: usize,
+    pub executors_total: usize,
+    pub owner: String,
+}
+
+/// `GET /api/v1/topology/:id`: the summary plus the base record's settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologyDetail {
+    #[serde(flatten)]
+    pub summary: TopologySummary,
+    pub launch_time_secs: u64,
+    /// Storm UI's key for the configured worker count.
+    pub requested_workers: u32,
+    pub component_executors: BTreeMap<ComponentId, u32>,
+    /// The status a rebalance returns to (upper case).
+    pub prev_status: Option<String>,
+    pub pending_transition: Option<PendingTransitionView>,
+}
+
+/// A delayed kill or rebalance as the topology view shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingTransitionView {
+    pub action: PendingAction,
+    pub deadline_secs: u64,
+    pub seconds_left: u64,
+}
+
+/// What a delayed transition will do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PendingAction {
+    Kill,
+    Rebalance,
+}
+
+/// `GET /api/v1/topology/:id/errors`: newest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopologyErrors {
+    pub id: TopologyId,
+    pub errors: Vec<TopologyError>,
+}
+
+/// One error a component reported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologyError {
+    pub component: ComponentId,
+    pub error: String,
+    pub error_host: String,
+    pub error_port: u16,
+    /// Milliseconds since the epoch (Storm UI's unit).
+    pub error_time: u64,
+    pub error_lapsed_secs: u64,
+}
+
+/// One group of `GET /api/v1/prometheus/targets` (Prometheus `http_sd`): one process, with
+/// bounded labels (`squall_role`, `supervisor`, `topology`, `port`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetGroup {
+    pub targets: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// `POST /api/v1/topology/submit`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubmitTopology {
+    /// The finished upload of the topology file.
+    pub topology_upload: UploadId,
+    /// The finished upload of the user's worker binary, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_upload: Option<UploadId>,
+    /// Submit deactivated.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub inactive: bool,
+    /// Who submitted it (at most 256 characters, no control characters; nimbus checks).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub owner: String,
+}
+
+impl SubmitTopology {
+    /// Longest owner nimbus takes.
+    pub const MAX_OWNER_CHARS: usize = 256;
+
+    /// Nimbus's check of the owner field, worded for the submitter.
+    pub fn check_owner(&self) -> Result<(), String> {
+        if self.owner.len() > Self::MAX_OWNER_CHARS || self.owner.chars().any(char::is_control) {
+            return Err(format!(
+                "field \"owner\": a user name (at most {} characters, no control characters) is required",
+                Self::MAX_OWNER_CHARS
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `201` answer to [`SubmitTopology`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Submitted {
+    pub id: TopologyId,
+    pub name: TopologyName,
+    /// The stored status, lower case (`active`, `inactive`).
+    pub status: String,
+    pub workers: u32,
+}
+
+/// The operations of `POST /api/v1/topology/:id/<operation>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Operation {
+    Activate,
+    Deactivate,
+    Kill,
+    Rebalance,
+}
+
+/// Storm UI's answer to an operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologyOperation {
+    pub topology_operation: Operation,
+    pub topology_id: TopologyId,
+    /// Always `success` (a failure is an [`ErrorBody`]).
+    pub status: String,
+    /// The status after the operation, upper case, or `REMOVED`.
+    pub topology_status: String,
+}
+
+/// `POST /api/v1/topology/:id/rebalance/:wait-time`. Storm UI nests the options under
+/// `rebalanceOptions` (and may send a `callback`, so unknown fields are ignored); options at the
+/// top level are taken too. An empty body changes nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RebalanceRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebalance_options: Option<RebalanceOptions>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_workers: Option<Count>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executors: Option<BTreeMap<ComponentId, Count>>,
+}
+
+impl RebalanceRequest {
+    /// The body Storm UI sends.
+    pub fn new(options: RebalanceOptions) -> Self {
+        RebalanceRequest { rebalance_options: Some(options), ..Default::default() }
+    }
+
+    /// The options, nested or at the top level (nested wins).
+    pub fn into_options(self) -> RebalanceOptions {
+        self.rebalance_options.unwrap_or(RebalanceOptions {
+            num_workers: self.num_workers,
+            executors: self.executors.unwrap_or_default(),
+        })
+    }
+}
+
+/// What a rebalance changes: the worker count, components' executor counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RebalanceOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_workers: Option<Count>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty", deserialize_with = "null_as_default")]
+    pub executors: BTreeMap<ComponentId, Count>,
+}
+
+/// A count Storm UI sends as a number or a decimal string (its executor counts are strings);
+/// always written as a number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct Count(pub u32);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct CountVisitor;
+        impl Visitor<'_> for CountVisitor {
+            type Value = Count;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a non-negative integer (a number or a decimal string)")
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Count, E> {
+                u32::try_from(n).map(Count).map_err(|_| E::invalid_value(de::Unexpected::Unsigned(n), &self))
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Count, E> {
+                u64::try_from(n)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(n), &self))
+                    .and_then(|n| self.visit_u64(n))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Count, E> {
+                let digits = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+                match s.parse::<u32>() {
+                    Ok(n) if digits => Ok(Count(n)),
+                    _ => Err(E::invalid_value(de::Unexpected::Str(s), &self)),
+                }
+            }
+        }
+        deserializer.deserialize_any(CountVisitor)
+    }
+}
+
+/// `POST /api/v1/uploads`: the size of what will be uploaded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BeginUpload {
+    pub size: u64,
+}
+
+/// `201` answer to [`BeginUpload`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UploadBegun {
+    pub upload_id: UploadId,
+    pub size: u64,
+}
+
+/// Answer to a chunk: the bytes received so far.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChunkReceived {
+    pub upload_id: UploadId,
+    pub received: u64,
+}
+
+/// `POST /api/v1/uploads/:id/finish`: the SHA-256 of the whole upload, hex.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FinishUpload {
+    pub sha256: String,
+}
+
+/// Answer to [`FinishUpload`]: the upload is verified and waits for a submit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UploadFinished {
+    pub upload_id: UploadId,
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// `null` reads as the default, as Storm's clients send it for "not set".
+fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
+}

@@ -1,0 +1,264 @@
+//! Wire formats of nimbus's HTTP API: golden JSON (Storm UI's key names, which scripts written
+//! for Storm read), round trips, and bad request bodies refused with the field at fault.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+
+use cluster_state::api::{
+    self, BeginUpload, BodyError, ChunkReceived, ClusterSummary, Count, ErrorBody, FinishUpload, Operation,
+    PendingAction, PendingTransitionView, RebalanceOptions, RebalanceRequest, SubmitTopology, Submitted,
+    SupervisorSummaries, SupervisorSummary, TargetGroup, TopologyDetail, TopologyError, TopologyErrors,
+    TopologyOperation, TopologySummaries, TopologySummary, UploadBegun, UploadFinished, UploadId,
+};
+use cluster_state::ids::{ComponentId, SupervisorId, TopologyId, TopologyName};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+const UPLOAD: &str = "123e4567-e89b-42d3-a456-426614174000";
+
+fn upload() -> UploadId {
+    UPLOAD.parse().unwrap()
+}
+
+fn id() -> TopologyId {
+    "wc-1-1700000000".parse().unwrap()
+}
+
+fn comp(s: &str) -> ComponentId {
+    ComponentId::new(s).unwrap()
+}
+
+/// `value` encodes to exactly `golden`, and `golden` decodes back to `value`.
+fn golden<T: Serialize + DeserializeOwned + PartialEq + Debug>(value: &T, golden: &str) {
+    assert_eq!(serde_json::to_string(value).unwrap(), golden);
+    assert_eq!(&api::decode_response::<T>(golden.as_bytes()).unwrap(), value);
+}
+
+fn summary() -> TopologySummary {
+    TopologySummary {
+        id: id(),
+        name: TopologyName::new("wc").unwrap(),
+        status: "ACTIVE".into(),
+        uptime: "1h 2m 3s".into(),
+        uptime_seconds: 3723,
+        tasks_total: 6,
+        workers_total: 2,
+        executors_total: 3,
+        owner: "alice".into(),
+    }
+}
+
+#[test]
+fn read_side_bodies_keep_storm_uis_keys() {
+    golden(
+        &ClusterSummary {
+            storm_version: "0.1.0".into(),
+            nimbus_uptime: "59s".into(),
+            nimbus_uptime_seconds: 59,
+            supervisors: 2,
+            slots_total: 3,
+            slots_used: 2,
+            slots_free: 1,
+            executors_total: 3,
+            tasks_total: 6,
+            topologies: 1,
+        },
+        r#"{"stormVersion":"0.1.0","nimbusUptime":"59s","nimbusUptimeSeconds":59,"supervisors":2,"slotsTotal":3,"slotsUsed":2,"slotsFree":1,"executorsTotal":3,"tasksTotal":6,"topologies":1}"#,
+    );
+    golden(
+        &SupervisorSummaries {
+            supervisors: vec![SupervisorSummary {
+                id: SupervisorId::new("sup-1").unwrap(),
+                host: "h".into(),
+                uptime: "5s".into(),
+                uptime_seconds: 5,
+                slots_total: 2,
+                slots_used: 1,
+                version: "0.1.0".into(),
+            }],
+        },
+        r#"{"supervisors":[{"id":"sup-1","host":"h","uptime":"5s","uptimeSeconds":5,"slotsTotal":2,"slotsUsed":1,"version":"0.1.0"}]}"#,
+    );
+    golden(
+        &TopologySummaries { topologies: vec![summary()] },
+        r#"{"topologies":[{"id":"wc-1-1700000000","name":"wc","status":"ACTIVE","uptime":"1h 2m 3s","uptimeSeconds":3723,"tasksTotal":6,"workersTotal":2,"executorsTotal":3,"owner":"alice"}]}"#,
+    );
+    golden(
+        &TopologyDetail {
+            summary: summary(),
+            launch_time_secs: 1_700_000_000,
+            requested_workers: 2,
+            component_executors: [(comp("split"), 2)].into_iter().collect(),
+            prev_status: Some("ACTIVE".into()),
+            pending_transition: Some(PendingTransitionView {
+                action: PendingAction::Rebalance,
+                deadline_secs: 1_700_000_600,
+                seconds_left: 30,
+            }),
+        },
+        r#"{"id":"wc-1-1700000000","name":"wc","status":"ACTIVE","uptime":"1h 2m 3s","uptimeSeconds":3723,"tasksTotal":6,"workersTotal":2,"executorsTotal":3,"owner":"alice","launchTimeSecs":1700000000,"requestedWorkers":2,"componentExecutors":{"split":2},"prevStatus":"ACTIVE","pendingTransition":{"action":"rebalance","deadlineSecs":1700000600,"secondsLeft":30}}"#,
+    );
+    golden(
+        &TopologyErrors {
+            id: id(),
+            errors: vec![TopologyError {
+                component: comp("split"),
+                error: "boom".into(),
+                error_host: "h".into(),
+                error_port: 6700,
+                error_time: 1_700_000_000_000,
+                error_lapsed_secs: 3,
+            }],
+        },
+        r#"{"id":"wc-1-1700000000","errors":[{"component":"split","error":"boom","errorHost":"h","errorPort":6700,"errorTime":1700000000000,"errorLapsedSecs":3}]}"#,
+    );
+    golden(
+        &vec![TargetGroup {
+            targets: vec!["127.0.0.1:9100".into()],
+            labels: [("squall_role".to_owned(), "nimbus".to_owned())].into_iter().collect(),
+        }],
+        r#"[{"targets":["127.0.0.1:9100"],"labels":{"squall_role":"nimbus"}}]"#,
+    );
+    golden(
+        &ErrorBody { error: "Bad Request".into(), error_message: "field \"size\": ...".into() },
+        r#"{"error":"Bad Request","errorMessage":"field \"size\": ..."}"#,
+    );
+}
+
+#[test]
+fn write_side_bodies_keep_their_keys() {
+    golden(
+        &SubmitTopology {
+            topology_upload: upload(),
+            worker_upload: Some(upload()),
+            inactive: true,
+            owner: "alice".into(),
+        },
+        &format!(
+            r#"{{"topologyUpload":"{UPLOAD}","workerUpload":"{UPLOAD}","inactive":true,"owner":"alice"}}"#
+        ),
+    );
+    golden(
+        &Submitted {
+            id: id(),
+            name: TopologyName::new("wc").unwrap(),
+            status: "inactive".into(),
+            workers: 2,
+        },
+        r#"{"id":"wc-1-1700000000","name":"wc","status":"inactive","workers":2}"#,
+    );
+    golden(
+        &TopologyOperation {
+            topology_operation: Operation::Deactivate,
+            topology_id: id(),
+            status: "success".into(),
+            topology_status: "INACTIVE".into(),
+        },
+        r#"{"topologyOperation":"deactivate","topologyId":"wc-1-1700000000","status":"success","topologyStatus":"INACTIVE"}"#,
+    );
+    golden(
+        &RebalanceRequest::new(RebalanceOptions {
+            num_workers: Some(Count(3)),
+            executors: [(comp("split"), Count(4))].into_iter().collect(),
+        }),
+        r#"{"rebalanceOptions":{"numWorkers":3,"executors":{"split":4}}}"#,
+    );
+    golden(&BeginUpload { size: 250 }, r#"{"size":250}"#);
+    golden(
+        &UploadBegun { upload_id: upload(), size: 250 },
+        &format!(r#"{{"uploadId":"{UPLOAD}","size":250}}"#),
+    );
+    golden(
+        &ChunkReceived { upload_id: upload(), received: 100 },
+        &format!(r#"{{"uploadId":"{UPLOAD}","received":100}}"#),
+    );
+    golden(&FinishUpload { sha256: "ab".into() }, r#"{"sha256":"ab"}"#);
+    golden(
+        &UploadFinished { upload_id: upload(), size: 250, sha256: "ab".into() },
+        &format!(r#"{{"uploadId":"{UPLOAD}","size":250,"sha256":"ab"}}"#),
+    );
+}
+
+#[test]
+fn requests_take_what_storms_clients_send() {
+    // Storm UI: counts as strings, a callback beside the options.
+    let storm_ui =
+        br#"{"rebalanceOptions":{"numWorkers":"3","executors":{"split":"4","count":2}},"callback":"f"}"#;
+    let options = api::decode_request::<RebalanceRequest>(storm_ui).unwrap().into_options();
+    assert_eq!(options.num_workers, Some(Count(3)));
+    assert_eq!(
+        options.executors,
+        [(comp("count"), Count(2)), (comp("split"), Count(4))].into_iter().collect()
+    );
+    let top_level = api::decode_request::<RebalanceRequest>(br#"{"numWorkers":2,"executors":null}"#).unwrap();
+    assert_eq!(
+        top_level.into_options(),
+        RebalanceOptions { num_workers: Some(Count(2)), executors: BTreeMap::new() }
+    );
+    // Nulls and absent optional fields are "not set".
+    let submit: SubmitTopology = api::decode_request(
+        format!(r#"{{"topologyUpload":"{UPLOAD}","workerUpload":null,"inactive":null,"owner":null}}"#)
+            .as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(
+        submit,
+        SubmitTopology {
+            topology_upload: upload(),
+            worker_upload: None,
+            inactive: false,
+            owner: String::new()
+        }
+    );
+    // Upload ids in any case, written lower case.
+    let upper: UploadId = UPLOAD.to_uppercase().parse().unwrap();
+    assert_eq!(upper.to_string(), UPLOAD);
+}
+
+#[test]
+fn bad_requests_name_the_field_at_fault() {
+    fn refused<T: DeserializeOwned + Debug>(body: &str) -> String {
+        match api::decode_request::<T>(body.as_bytes()) {
+            Ok(v) => panic!("{body} decoded to {v:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+    for (body, says) in [
+        ("{}", "missing field `topologyUpload`"),
+        (r#"{"topologyUpload": 7}"#, "field \"topologyUpload\": invalid type: integer `7`"),
+        (r#"{"topologyUpload": "../../etc"}"#, "invalid upload id \"../../etc\""),
+        (&format!(r#"{{"topologyUpload": "{UPLOAD}", "inactive": "yes"}}"#), "field \"inactive\""),
+        (&format!(r#"{{"topologyUpload": "{UPLOAD}", "workerUpload": "nope"}}"#), "field \"workerUpload\""),
+        (&format!(r#"{{"topologyUpload": "{UPLOAD}", "owners": "x"}}"#), "unknown field `owners`"),
+        ("[1]", "a JSON object is required"),
+        ("{", "not JSON"),
+        (&format!(r#"{{"topologyUpload": "{UPLOAD}"}} trailing"#), "not JSON"),
+    ] {
+        let message = refused::<SubmitTopology>(body);
+        assert!(message.contains(says), "{body}: {message}");
+    }
+    for (body, says) in [
+        (r#"{"numWorkers":-1}"#, "field \"numWorkers\""),
+        (r#"{"numWorkers":"many"}"#, "field \"numWorkers\""),
+        (r#"{"numWorkers":4294967296}"#, "field \"numWorkers\""),
+        (r#"{"executors":{"split":1.5}}"#, "field \"executors.split\""),
+        (r#"{"executors":{"split":"+1"}}"#, "field \"executors.split\""),
+        (r#"{"executors":{"a/b":1}}"#, "invalid component id \"a/b\""),
+        (r#"{"executors":[1]}"#, "field \"executors\""),
+        (r#"{"rebalanceOptions":7}"#, "field \"rebalanceOptions\""),
+    ] {
+        let message = refused::<RebalanceRequest>(body);
+        assert!(message.contains(says), "{body}: {message}");
+    }
+    assert!(refused::<BeginUpload>(r#"{"size":-1}"#).contains("field \"size\""));
+    assert!(refused::<FinishUpload>("{}").contains("missing field `sha256`"));
+    assert!(matches!(api::decode_request::<BeginUpload>(b" 3 "), Err(BodyError::NotAnObject)));
+}
+
+#[test]
+fn responses_ignore_fields_they_do_not_know() {
+    let newer = r#"{"id":"wc-1-1700000000","name":"wc","status":"active","workers":2,"spouts":[]}"#;
+    assert_eq!(api::decode_response::<Submitted>(newer.as_bytes()).unwrap().workers, 2);
+}

@@ -1,0 +1,299 @@
+//! A typed client of nimbus's HTTP/JSON API ([`cluster_state::api`]): one method per route,
+//! request and response bodies as their types. `squall`'s operator verbs and `squall local` call
+//! it, supervisors download topology code with it.
+//!
+//! Each call opens its own connection (calls are rare: a verb, a code download), bounded by
+//! [`NimbusClient::timeout`]. A code download streams ([`CodeDownload`]): the caller writes the
+//! bytes where it wants and checks them against the checksum nimbus sent.
+//!
+//! Errors ([`ClientError`]) separate nimbus not answering (retryable) from nimbus refusing
+//! (its `errorMessage` quoted with the status) and an answer this client cannot read.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use cluster_state::api::{
+    self, BeginUpload, BodyError, ChunkReceived, ClusterSummary, ErrorBody, FinishUpload, RebalanceOptions,
+    RebalanceRequest, Route, SubmitTopology, Submitted, SupervisorSummaries, TargetGroup, TopologyDetail,
+    TopologyErrors, TopologyOperation, TopologySummaries, UploadBegun, UploadFinished, UploadId,
+};
+use cluster_state::code::CodeFile;
+use cluster_state::ids::TopologyId;
+use http_body_util::{BodyExt, Full};
+pub use hyper::StatusCode;
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
+
+/// Upload chunk size: well under nimbus's default per-chunk limit (8 MiB).
+pub const CHUNK_BYTES: usize = 4 * 1024 * 1024;
+
+/// A failed call.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No answer: nimbus is down, unreachable, or too slow. Retrying can help.
+    #[error("cannot reach nimbus at {address}: {reason}")]
+    Unreachable { address: String, reason: String },
+    /// nimbus answered with an error status; `message` is its `errorMessage`.
+    #[error("nimbus refused {what}: {message} (HTTP {status})")]
+    Refused { what: String, status: StatusCode, message: String },
+    /// nimbus answered something this client cannot read (a version mismatch, most likely).
+    #[error("nimbus's answer to {what} is not what this client reads: {source}")]
+    BadAnswer { what: String, source: BodyError },
+}
+
+impl ClientError {
+    /// Whether the same call may succeed later (nimbus down or busy, ZooKeeper unavailable).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ClientError::Unreachable { .. } => true,
+            ClientError::Refused { status, .. } => status.is_server_error(),
+            ClientError::BadAnswer { .. } => false,
+        }
+    }
+
+    /// The HTTP status of a refusal.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            ClientError::Refused { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// nimbus's API at `address` (`host:port`), with the token for mutating calls.
+#[derive(Debug, Clone)]
+pub struct NimbusClient {
+    pub address: String,
+    pub token: Option<String>,
+    /// Bound on one call up to its answer's headers, and on reading a JSON answer.
+    pub timeout: Duration,
+}
+
+/// A code file on its way: nimbus's checksum and the body, read chunk by chunk.
+#[derive(Debug)]
+pub struct CodeDownload {
+    /// The SHA-256 nimbus recorded (lowercase hex), if it sent one.
+    pub sha256: Option<String>,
+    body: Incoming,
+    address: String,
+}
+
+impl CodeDownload {
+    /// The next bytes of the file, `None` at its end.
+    pub async fn next_chunk(&mut self) -> Result<Option<Bytes>, ClientError> {
+        while let Some(frame) = self.body.frame().await {
+            let frame = frame.map_err(|e| ClientError::Unreachable {
+                address: self.address.clone(),
+                reason: format!("download interrupted: {e}"),
+            })?;
+            if let Ok(data) = frame.into_data() {
+                return Ok(Some(data));
+            }
+        }
+        Ok(None)
+    }
+}
+
+impl NimbusClient {
+    /// A client of nimbus at `address`; mutating calls carry `token` when set.
+    pub fn new(address: impl Into<String>, token: Option<String>) -> Self {
+        NimbusClient { address: address.into(), token, timeout: Duration::from_secs(120) }
+    }
+
+    pub async fn cluster_summary(&self) -> Result<ClusterSummary, ClientError> {
+        self.get(Route::ClusterSummary).await
+    }
+
+    pub async fn supervisor_summary(&self) -> Result<SupervisorSummaries, ClientError> {
+        self.get(Route::SupervisorSummary).await
+    }
+
+    pub async fn topology_summary(&self) -> Result<TopologySummaries, ClientError> {
+        self.get(Route::TopologySummary).await
+    }
+
+    pub async fn topology(&self, id: &TopologyId) -> Result<TopologyDetail, ClientError> {
+        self.get(Route::Topology(id.clone())).await
+    }
+
+    /// The errors the topology's components reported, newest first.
+    pub async fn errors(&self, id: &TopologyId) -> Result<TopologyErrors, ClientError> {
+        self.get(Route::TopologyErrors(id.clone())).await
+    }
+
+    pub async fn prometheus_targets(&self) -> Result<Vec<TargetGroup>, ClientError> {
+        self.get(Route::PrometheusTargets).await
+    }
+
+    /// Submits finished uploads as a topology.
+    pub async fn submit(&self, request: &SubmitTopology) -> Result<Submitted, ClientError> {
+        self.post_json(Route::Submit, request).await
+    }
+
+    pub async fn activate(&self, id: &TopologyId) -> Result<TopologyOperation, ClientError> {
+        self.post_json(Route::Activate(id.clone()), &serde_json::Map::new()).await
+    }
+
+    pub async fn deactivate(&self, id: &TopologyId) -> Result<TopologyOperation, ClientError> {
+        self.post_json(Route::Deactivate(id.clone()), &serde_json::Map::new()).await
+    }
+
+    /// Deactivates now, removes after `wait_secs`.
+    pub async fn kill(&self, id: &TopologyId, wait_secs: u64) -> Result<TopologyOperation, ClientError> {
+        self.post_json(Route::Kill { id: id.clone(), wait_secs }, &serde_json::Map::new()).await
+    }
+
+    /// Pauses the spouts for `wait_secs`, then reschedules with `options`.
+    pub async fn rebalance(
+        &self,
+        id: &TopologyId,
+        wait_secs: u64,
+        options: RebalanceOptions,
+    ) -> Result<TopologyOperation, ClientError> {
+        let route = Route::Rebalance { id: id.clone(), wait_secs };
+        self.post_json(route, &RebalanceRequest::new(options)).await
+    }
+
+    /// Uploads `bytes` in chunks (begin, chunks, finish with the SHA-256); returns the upload
+    /// id. `progress` gets the bytes sent so far after each chunk.
+    pub async fn upload(&self, bytes: &[u8], mut progress: impl FnMut(u64)) -> Result<UploadId, ClientError> {
+        let begun: UploadBegun =
+            self.post_json(Route::BeginUpload, &BeginUpload { size: bytes.len() as u64 }).await?;
+        let upload = begun.upload_id;
+        let mut offset = 0u64;
+        for chunk in bytes.chunks(CHUNK_BYTES) {
+            let route = Route::Chunk { upload, offset };
+            let body = Bytes::copy_from_slice(chunk);
+            let _: ChunkReceived = self.call(route, body, Some("application/octet-stream")).await?;
+            offset += chunk.len() as u64;
+            progress(offset);
+        }
+        let sha256 = hex::encode(Sha256::digest(bytes));
+        let _: UploadFinished = self.post_json(Route::FinishUpload(upload), &FinishUpload { sha256 }).await?;
+        Ok(upload)
+    }
+
+    /// Starts downloading one code file of a topology (a 404 is [`ClientError::Refused`]).
+    /// The caller bounds the whole download; [`NimbusClient::timeout`] bounds its start.
+    pub async fn download_code(&self, id: &TopologyId, file: CodeFile) -> Result<CodeDownload, ClientError> {
+        let route = Route::Code(id.clone(), file);
+        let what = format!("GET {}", route.path());
+        let response = self.exchange(&route, Bytes::new(), None).await?;
+        let response = self.check_status(&what, response).await?;
+        let sha256 = response
+            .headers()
+            .get(api::CHECKSUM_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_ascii_lowercase);
+        Ok(CodeDownload { sha256, body: response.into_body(), address: self.address.clone() })
+    }
+
+    async fn get<T: DeserializeOwned>(&self, route: Route) -> Result<T, ClientError> {
+        self.call(route, Bytes::new(), None).await
+    }
+
+    async fn post_json<T: DeserializeOwned>(
+        &self,
+        route: Route,
+        body: &impl Serialize,
+    ) -> Result<T, ClientError> {
+        // Our own bodies always serialize (plain structs, string keys).
+        let bytes = serde_json::to_vec(body).map_err(|e| ClientError::BadAnswer {
+            what: format!("{} {}", route.method(), route.path()),
+            source: BodyError::NotJson(e),
+        })?;
+        self.call(route, Bytes::from(bytes), Some("application/json")).await
+    }
+
+    /// One call whose answer is JSON.
+    async fn call<T: DeserializeOwned>(
+        &self,
+        route: Route,
+        body: Bytes,
+        content_type: Option<&'static str>,
+    ) -> Result<T, ClientError> {
+        let what = format!("{} {}", route.method(), route.path());
+        let response = self.exchange(&route, body, content_type).await?;
+        let response = self.check_status(&what, response).await?;
+        let bytes = self.read_all(response).await?;
+        api::decode_response(&bytes).map_err(|source| ClientError::BadAnswer { what, source })
+    }
+
+    fn unreachable(&self, reason: impl ToString) -> ClientError {
+        ClientError::Unreachable { address: self.address.clone(), reason: reason.to_string() }
+    }
+
+    /// Sends the request over a new connection; returns the answer once its headers are in.
+    async fn exchange(
+        &self,
+        route: &Route,
+        body: Bytes,
+        content_type: Option<&'static str>,
+    ) -> Result<Response<Incoming>, ClientError> {
+        let mut request = Request::builder()
+            .method(route.method())
+            .uri(route.path())
+            .header(header::HOST, self.address.as_str())
+            .body(Full::new(body))
+            .map_err(|e| self.unreachable(format!("bad request: {e}")))?;
+        if let Some(kind) = content_type {
+            request.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
+        }
+        if let Some(token) = &self.token
+            && let Ok(value) = HeaderValue::from_str(&format!("Bearer {token}"))
+        {
+            request.headers_mut().insert(header::AUTHORIZATION, value);
+        }
+        let exchange = async {
+            let stream =
+                tokio::net::TcpStream::connect(&self.address).await.map_err(|e| self.unreachable(e))?;
+            let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| self.unreachable(e))?;
+            // Drives the connection; it ends when the response body is dropped or read.
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!("connection to nimbus ended: {e}");
+                }
+            });
+            sender.send_request(request).await.map_err(|e| self.unreachable(e))
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| self.unreachable(format!("no answer within {}s", self.timeout.as_secs())))?
+    }
+
+    /// An error status becomes [`ClientError::Refused`] quoting nimbus's `errorMessage`.
+    async fn check_status(
+        &self,
+        what: &str,
+        response: Response<Incoming>,
+    ) -> Result<Response<Incoming>, ClientError> {
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let bytes = self.read_all(response).await.unwrap_or_default();
+        let message = match api::decode_response::<ErrorBody>(&bytes) {
+            Ok(body) => body.error_message,
+            Err(_) => String::from_utf8_lossy(&bytes).chars().take(300).collect(),
+        };
+        Err(ClientError::Refused { what: what.to_owned(), status, message })
+    }
+
+    async fn read_all(&self, response: Response<Incoming>) -> Result<Bytes, ClientError> {
+        let collect = response.into_body().collect();
+        match tokio::time::timeout(self.timeout, collect).await {
+            Ok(Ok(collected)) => Ok(collected.to_bytes()),
+            Ok(Err(e)) => Err(self.unreachable(e)),
+            Err(_) => {
+                Err(self.unreachable(format!("answer not complete within {}s", self.timeout.as_secs())))
+            }
+        }
+    }
+}
