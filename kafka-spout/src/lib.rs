@@ -4,14 +4,18 @@
 //! Kafka's ZooKeeper registry (`consumer-registry`), fetches with librdkafka from the partitions
 //! it owns, and commits, per partition, only the offset after the contiguous acknowledged
 //! prefix. Failed tuples are replayed with bounded exponential backoff; partitions are handed
-//! off with a drain; nothing is emitted while ZooKeeper is disconnected. The producer bolt
+//! off with a drain; nothing is emitted from a partition unless the ownership lease of the
+//! session that claimed it is fresh (consumer-registry's `lease.rs`), so a process stopped past
+//! its session timeout never emits what another task now owns. The producer bolt
 //! writes tuples to a topic and acks them once the broker has them.
 //!
 //! Layout:
 //! - `offsets`: the pure core: [`offsets::safe_offset`], [`offsets::PartitionOffsets`],
 //!   [`offsets::RetryPolicy`], [`offsets::MsgId`].
 //! - `config`: [`KafkaSpoutConfig`], [`KafkaBoltConfig`] (topology `params:`).
-//! - `spout`: [`KafkaSpout`] (executor side) and its coordinator (registry side).
+//! - `spout`: [`KafkaSpout`] (executor side: the lease-fenced hot path) and its coordinator
+//!   (registry side).
+//! - `context`: librdkafka's log and error callbacks, into `tracing` with the task.
 //! - `bolt`: [`KafkaBolt`].
 //! - `metrics`: `squall_spout_*` and `squall_kafka_bolt_*` families.
 //! - `error`: the crate's error enum.
@@ -26,6 +30,7 @@
 
 pub mod bolt;
 pub mod config;
+mod context;
 pub mod error;
 pub mod metrics;
 pub mod offsets;

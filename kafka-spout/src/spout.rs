@@ -31,7 +31,7 @@ use consumer_registry::{
 };
 use futures::future::BoxFuture;
 use prometheus::IntCounter;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::types::RDKafkaErrorCode;
@@ -41,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 use worker::{ComponentError, Fields, OutputDeclarer, Spout, SpoutCollector, TopologyContext, Value, Values};
 
 use crate::config::KafkaSpoutConfig;
+use crate::context::{SpoutContext, TaskConsumer};
 use crate::error::{Error, Result};
 use crate::metrics::SpoutMetrics;
 use crate::offsets::{FailOutcome, MsgId, PartitionOffsets, RetryPolicy};
@@ -388,7 +389,7 @@ struct Running {
 /// The executor thread's emitting side: polls librdkafka and emits, only while the ownership
 /// lease allows.
 struct HotPath {
-    consumer: Arc<BaseConsumer>,
+    consumer: Arc<TaskConsumer>,
     state: Arc<Mutex<TaskState>>,
     lease: Lease,
     emit_batch: usize,
@@ -437,9 +438,9 @@ impl KafkaSpout {
             context.component_id,
             context.task_index()
         ))?;
-        let consumer: BaseConsumer = config
+        let consumer: TaskConsumer = config
             .consumer_config()
-            .create()
+            .create_with_context(SpoutContext { component: component.clone(), task })
             .map_err(|source| Error::Client { context: "creating the consumer", source })?;
         let consumer = Arc::new(consumer);
         let subscription =
@@ -720,7 +721,7 @@ impl Drop for KafkaSpout {
 
 /// Partition counts from Kafka's metadata API, for topics not registered in ZooKeeper.
 struct MetadataSource {
-    consumer: Arc<BaseConsumer>,
+    consumer: Arc<TaskConsumer>,
 }
 
 impl std::fmt::Debug for MetadataSource {
@@ -753,7 +754,7 @@ struct Coordinator {
     config: Arc<KafkaSpoutConfig>,
     component: String,
     task: u32,
-    consumer: Arc<BaseConsumer>,
+    consumer: Arc<TaskConsumer>,
     state: Arc<Mutex<TaskState>>,
     drained: Arc<Notify>,
     handle: MemberHandle,
@@ -1158,7 +1159,10 @@ mod tests {
             group_id: "g".into(),
             ..KafkaSpoutConfig::default()
         };
-        let consumer: BaseConsumer = config.consumer_config().create().unwrap();
+        let consumer: TaskConsumer = config
+            .consumer_config()
+            .create_with_context(SpoutContext { component: "spout".into(), task: 1 })
+            .unwrap();
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset("t", 0, Offset::Beginning).unwrap();
         consumer.assign(&tpl).unwrap();

@@ -24,11 +24,14 @@ use worker::{
 
 const WAIT: Duration = Duration::from_secs(120);
 
-/// Emits (key "partition:offset", value) anchored to the input; fails `fail_per_mille` of first
-/// deliveries (a deterministic hash of partition and offset).
+/// Emits (key "partition:offset", or "tag/partition:offset" with a tag, value) anchored to
+/// the input; fails `fail_per_mille` of first deliveries (a deterministic hash of partition and
+/// offset).
 struct PassThrough {
     fail_per_mille: u64,
     failed: Arc<AtomicU64>,
+    /// Names the process that emitted, in the output key.
+    tag: Arc<str>,
 }
 
 impl Bolt for PassThrough {
@@ -46,7 +49,12 @@ impl Bolt for PassThrough {
             return Ok(());
         }
         let value = input.get(4).cloned().unwrap_or(Value::Null);
-        out.emit(&[input], vec![Value::from(format!("{partition}:{offset}")), value])?;
+        let key = if self.tag.is_empty() {
+            format!("{partition}:{offset}")
+        } else {
+            format!("{}/{partition}:{offset}", self.tag)
+        };
+        out.emit(&[input], vec![Value::from(key), value])?;
         out.ack(input);
         Ok(())
     }
@@ -80,6 +88,7 @@ struct Pipeline {
     spouts: u32,
     fail_per_mille: u64,
     failed: Arc<AtomicU64>,
+    tag: Arc<str>,
 }
 
 impl Pipeline {
@@ -94,6 +103,7 @@ impl Pipeline {
             spouts: 2,
             fail_per_mille: 0,
             failed: Arc::new(AtomicU64::new(0)),
+            tag: "".into(),
         }
     }
 
@@ -101,12 +111,16 @@ impl Pipeline {
         let env = SpoutEnv::register(metrics).unwrap();
         let bolt_metrics = BoltMetrics::register(metrics).unwrap();
         let (spout, bolt) = (Arc::new(self.spout.clone()), Arc::new(self.bolt.clone()));
-        let (fail_per_mille, failed) = (self.fail_per_mille, self.failed.clone());
+        let (fail_per_mille, failed, tag) = (self.fail_per_mille, self.failed.clone(), self.tag.clone());
         let mut builder = TopologyBuilder::new(name);
         builder.config(TopologyConfig { max_spout_pending: Some(2000), ..TopologyConfig::default() });
         builder.set_spout("kafka", self.spouts, move || KafkaSpout::new(spout.clone(), env.clone()));
         builder
-            .set_bolt("pass", 2, move || PassThrough { fail_per_mille, failed: failed.clone() })
+            .set_bolt("pass", 2, move || PassThrough {
+                fail_per_mille,
+                failed: failed.clone(),
+                tag: tag.clone(),
+            })
             .shuffle_grouping("kafka");
         builder
             .set_bolt("out", 2, move || KafkaBolt::new(bolt.clone(), bolt_metrics.clone()))
@@ -242,9 +256,17 @@ fn child_worker() {
     logs();
     let Ok(spec) = std::env::var("SQUALL_E2E_CHILD") else { return };
     let parts: Vec<&str> = spec.split('|').collect();
-    let [bootstrap, zk, input, output] = parts[..] else { panic!("bad SQUALL_E2E_CHILD {spec}") };
-    let pipeline = Pipeline::new(bootstrap, zk, input, output, "g");
-    let _cluster = pipeline.start("killed", &prometheus::Registry::new());
+    // bootstrap|zk|input|output[|topology name, which is also the output tag]
+    let (bootstrap, zk, input, output, name) = match parts[..] {
+        [bootstrap, zk, input, output] => (bootstrap, zk, input, output, "killed"),
+        [bootstrap, zk, input, output, name] => (bootstrap, zk, input, output, name),
+        _ => panic!("bad SQUALL_E2E_CHILD {spec}"),
+    };
+    let mut pipeline = Pipeline::new(bootstrap, zk, input, output, "g");
+    if name != "killed" {
+        pipeline.tag = name.into();
+    }
+    let _cluster = pipeline.start(name, &prometheus::Registry::new());
     // Runs until the parent kills it; never longer than the parent waits.
     std::thread::sleep(WAIT);
 }
@@ -308,5 +330,197 @@ fn a_killed_worker_resumes_from_committed_offsets() {
         "kill and restart: committed at kill {at_kill:?}, {} records, {} duplicates",
         out.len(),
         duplicates.len()
+    );
+}
+
+/// The state letter of a process (`T` when stopped), from `/proc`.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill").args([&format!("-{name}"), &child.id().to_string()]).status().unwrap();
+    assert!(status.success(), "kill -{name} {}", child.id());
+}
+
+/// Produces numbers from 0 on to `topic` (partition `n % partitions`) at about `per_sec` until
+/// `stop`; `next` is the next number to be sent, so every number below a reading of it was
+/// handed to the producer before that reading.
+fn produce_paced(
+    bootstrap: String,
+    topic: &'static str,
+    partitions: u64,
+    per_sec: u64,
+    next: Arc<AtomicU64>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    use rdkafka::ClientConfig;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+    std::thread::spawn(move || {
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("linger.ms", "0")
+            .set("batch.num.messages", "1")
+            .create()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let mut n = 0u64;
+        // Bounded: a test never produces for longer than it waits.
+        while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(600) {
+            let due = started.elapsed().as_millis() as u64 * per_sec / 1000;
+            while n < due {
+                let text = n.to_string();
+                let partition = i32::try_from(n % partitions).unwrap();
+                let mut record = BaseRecord::to(topic).key(&text).payload(&text).partition(partition);
+                loop {
+                    match producer.send(record) {
+                        Ok(()) => break,
+                        Err((_, back)) => {
+                            record = back;
+                            producer.poll(Duration::from_millis(5));
+                        }
+                    }
+                }
+                n += 1;
+                next.store(n, Ordering::SeqCst);
+            }
+            producer.poll(Duration::from_millis(5));
+        }
+        producer.flush(Duration::from_secs(30)).unwrap();
+    })
+}
+
+/// What one pause of process A looked like: the numbers produced while A was stopped, and
+/// when A was continued.
+struct Pause {
+    produced_while_stopped: std::ops::Range<u64>,
+    continued_at: std::time::Instant,
+}
+
+/// issue 12: a worker stopped (SIGSTOP) past its ZooKeeper session timeout, then continued,
+/// must emit nothing from partitions it no longer owns. Two worker processes (A and B, two
+/// spout tasks each over 8 partitions) share a group while numbers are produced at a steady
+/// rate; A is stopped until the server expired its session and B owns every partition, then
+/// continued. Repeated `SQUALL_PAUSE_REPS` times (default 10). Checked from the output (which
+/// process emitted which number) and from the owner nodes (polled all along): a number produced
+/// while A was stopped is emitted once, and by A only from a partition A owned again after it
+/// was continued.
+#[test]
+fn a_worker_stopped_past_its_session_emits_nothing_it_no_longer_owns() {
+    logs();
+    let reps: usize = std::env::var("SQUALL_PAUSE_REPS").ok().and_then(|r| r.parse().ok()).unwrap_or(10);
+    let tansu = Tansu::start();
+    tansu.create_topic("in9", 8);
+    tansu.create_topic("out9", 8);
+    let zk = chroot("e2e-pause");
+    let registry = Zk::connect(&Ensemble::zookeeper(zk.clone()));
+    let next = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producing = produce_paced(tansu.bootstrap(), "in9", 8, 500, next.clone(), stop.clone());
+    let mut a = start_child(&format!("{}|{}|in9|out9|pauseA", tansu.bootstrap(), zk));
+    let mut b = start_child(&format!("{}|{}|in9|out9|pauseB", tansu.bootstrap(), zk));
+    let owned_by = |owners: &BTreeMap<i32, String>, prefix: &str| -> BTreeSet<i32> {
+        owners.iter().filter(|(_, o)| o.starts_with(prefix)).map(|(p, _)| *p).collect()
+    };
+    let both_own = || {
+        let owners = registry.owners("g", "in9");
+        owners.len() == 8
+            && !owned_by(&owners, "pauseA").is_empty()
+            && !owned_by(&owners, "pauseB").is_empty()
+    };
+    assert!(wait_until(WAIT, both_own), "A and B share the partitions");
+    // Owner nodes sampled all along by a watcher of its own: (when, partition -> owner).
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let samples = Arc::new(std::sync::Mutex::new(Vec::<(std::time::Instant, BTreeMap<i32, String>)>::new()));
+    let sampler = {
+        let (zk, sampling, samples) = (zk.clone(), sampling.clone(), samples.clone());
+        std::thread::spawn(move || {
+            let registry = Zk::connect(&Ensemble::zookeeper(zk));
+            let started = std::time::Instant::now();
+            while sampling.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(900) {
+                let owners = registry.owners("g", "in9");
+                samples.lock().unwrap().push((std::time::Instant::now(), owners));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let mut pauses = Vec::new();
+    for rep in 0..reps {
+        signal(&a, "STOP");
+        assert!(wait_until(Duration::from_secs(10), || process_state(a.id()) == Some('T')), "A stopped");
+        let from = next.load(Ordering::SeqCst);
+        // The server expires A's session (4 s) and B takes every partition over.
+        let b_owns_all = || owned_by(&registry.owners("g", "in9"), "pauseB").len() == 8;
+        assert!(wait_until(WAIT, b_owns_all), "rep {rep}: B took every partition over");
+        // Let numbers pile up that A never saw, then continue A.
+        let piled = next.load(Ordering::SeqCst) + 500;
+        assert!(wait_until(WAIT, || next.load(Ordering::SeqCst) >= piled));
+        let to = next.load(Ordering::SeqCst);
+        signal(&a, "CONT");
+        pauses.push(Pause { produced_while_stopped: from..to, continued_at: std::time::Instant::now() });
+        assert!(wait_until(WAIT, both_own), "rep {rep}: A rejoined");
+        // Everything produced so far is committed before the next stop, so a replay after that
+        // stop (legitimate: A's uncommitted tail) never reaches back into this pause's numbers.
+        let all_committed = || {
+            (0..8u64)
+                .all(|p| registry.committed("g", "in9", p as i32).unwrap_or(0) as u64 >= (to + 7 - p) / 8)
+        };
+        assert!(
+            wait_until(WAIT, all_committed),
+            "rep {rep}: everything produced while A was stopped committed"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    producing.join().unwrap();
+    let total = next.load(Ordering::SeqCst);
+    let out = read_output(&tansu.bootstrap(), "out9", 8, usize::try_from(total).unwrap());
+    sampling.store(false, Ordering::Relaxed);
+    sampler.join().unwrap();
+    a.kill().unwrap();
+    b.kill().unwrap();
+    let _ = (a.wait(), b.wait());
+    let got = numbers(&out);
+    assert!(missing(&got, total, 8).is_empty(), "missing {:?}", missing(&got, total, 8));
+    let samples = samples.lock().unwrap();
+    let mut by_number: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
+    for (key, n) in &out {
+        by_number.entry(*n).or_default().push(key.split_once('/').map_or("?", |(tag, _)| tag));
+    }
+    for (rep, pause) in pauses.iter().enumerate() {
+        let mut twice = Vec::new();
+        let mut by_a = BTreeSet::new();
+        for n in pause.produced_while_stopped.clone() {
+            let emitters = by_number.get(&n).map(Vec::as_slice).unwrap_or_default();
+            if emitters.len() > 1 {
+                twice.push((n, emitters.to_vec()));
+            }
+            if emitters.contains(&"pauseA") {
+                by_a.insert(i32::try_from(n % 8).unwrap());
+            }
+        }
+        assert!(
+            twice.is_empty(),
+            "rep {rep}: numbers produced while A was stopped emitted twice: {:?}",
+            &twice[..twice.len().min(20)]
+        );
+        // A emitted such numbers only from partitions its (new) session claimed after it was continued.
+        let owned_after: BTreeSet<i32> = samples
+            .iter()
+            .filter(|(at, _)| *at >= pause.continued_at)
+            .flat_map(|(_, owners)| owned_by(owners, "pauseA"))
+            .collect();
+        assert!(
+            by_a.is_subset(&owned_after),
+            "rep {rep}: A emitted from {by_a:?} but owned only {owned_after:?} after it was continued"
+        );
+        println!(
+            "pause {rep}: {} numbers produced while A was stopped, none twice; A emitted some of them from {by_a:?}, owned {owned_after:?} after",
+            pause.produced_while_stopped.end - pause.produced_while_stopped.start
+        );
+    }
+    println!(
+        "pauses: {reps} of {reps} without a second owner's emission; {} records for {total} numbers",
+        out.len()
     );
 }
