@@ -24,6 +24,11 @@ pub enum AckMsg {
     Fail { root: u64 },
     /// Acker -> spout: the tree of `root` completed (`ok`) or failed.
     Done { root: u64, ok: bool },
+    /// Worker -> its own spout tasks: tasks moved to other workers (their old worker is gone,
+    /// or restarts). Trees in flight now that do not complete within a short grace passed
+    /// through (or were tracked by) a worker that is gone and never will: fail them, so they
+    /// replay now instead of after the message timeout.
+    TasksMoved,
 }
 
 /// The verdict on a tree, for its spout task.
@@ -85,6 +90,16 @@ impl<V> RotatingMap<V> {
         self.buckets.iter_mut().find_map(|b| b.remove(&key))
     }
 
+    /// Removes and returns every entry for which `doomed` holds.
+    pub fn remove_where(&mut self, mut doomed: impl FnMut(u64, &V) -> bool) -> Vec<(u64, V)> {
+        let mut removed = Vec::new();
+        for bucket in &mut self.buckets {
+            let keys: Vec<u64> = bucket.iter().filter(|(k, v)| doomed(**k, v)).map(|(k, _)| *k).collect();
+            removed.extend(keys.into_iter().filter_map(|k| bucket.remove(&k).map(|v| (k, v))));
+        }
+        removed
+    }
+
     /// Drops the oldest bucket and returns its entries.
     pub fn rotate(&mut self) -> Vec<(u64, V)> {
         let oldest = self.buckets.pop().unwrap_or_default();
@@ -128,7 +143,7 @@ impl AckLedger {
     pub fn apply(&mut self, msg: AckMsg) -> Option<Outcome> {
         let root = match msg {
             AckMsg::Init { root, .. } | AckMsg::Ack { root, .. } | AckMsg::Fail { root } => root,
-            AckMsg::Done { .. } => return None,
+            AckMsg::Done { .. } | AckMsg::TasksMoved => return None,
         };
         let entry = match self.pending.get_mut(root) {
             Some(e) => e,
@@ -144,7 +159,7 @@ impl AckLedger {
             }
             AckMsg::Ack { val, .. } => entry.val ^= val,
             AckMsg::Fail { .. } => entry.failed = true,
-            AckMsg::Done { .. } => {}
+            AckMsg::Done { .. } | AckMsg::TasksMoved => {}
         }
         let spout_task = entry.spout_task?;
         let verdict = if entry.failed {

@@ -303,6 +303,9 @@ impl StaticWorker {
     pub fn update(&mut self, plan: WorkerPlan, topology_id: &TopologyId) -> Result<()> {
         let (remote, dests) = self.peers.reconcile(&plan, topology_id, &self.transport)?;
         self.runtime.set_remote(&remote, &dests);
+        if tasks_moved(&self.plan, &plan) {
+            self.runtime.tasks_moved();
+        }
         self.plan = plan;
         Ok(())
     }
@@ -313,6 +316,12 @@ impl StaticWorker {
         self.peers.stop();
         self.receiver.stop();
     }
+}
+
+/// Whether a task that ran on another worker under `old` runs elsewhere (or nowhere) under
+/// `new`: its old worker is gone or restarts, so trees that passed through it are lost.
+fn tasks_moved(old: &WorkerPlan, new: &WorkerPlan) -> bool {
+    old.remote_tasks.iter().any(|(task, slot)| new.remote_tasks.get(task) != Some(slot))
 }
 
 /// How often activation is re-evaluated (cheap: a few atomic loads).

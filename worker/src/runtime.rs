@@ -10,7 +10,8 @@ use cluster_state::ids::{ComponentId, ExecutorId, TaskId};
 use crossbeam_channel::{Receiver, Sender};
 use tokio_util::sync::CancellationToken;
 
-use crate::collector::{Batch, ErrorReport, ErrorSender, Routes, SharedRoutes};
+use crate::acker::AckMsg;
+use crate::collector::{Batch, Envelope, ErrorReport, ErrorSender, Routes, SharedRoutes};
 use crate::error::Result;
 use crate::executor::{self, RunningExecutor, Shared, StreamTable};
 use crate::layout::TaskLayout;
@@ -135,6 +136,20 @@ impl WorkerRuntime {
             }
         }
         self.routes.replace(routes);
+    }
+
+    /// Tells the local spout executors that tasks moved to other workers: trees in flight that
+    /// do not complete within a short grace are failed (they went through a worker that is
+    /// gone, so they never would) and replay at once, instead of after the message timeout.
+    pub(crate) fn tasks_moved(&self) {
+        for executor in self.executors.iter().filter(|e| e.is_spout) {
+            let task = executor.id.start_task();
+            if let Some(inbox) = self.inboxes.get(&task) {
+                // The spout's inbox is bounded; if it is full the spout is busy with verdicts
+                // and the message timeout still applies.
+                let _ = inbox.try_send(vec![Envelope::Ack { task, msg: AckMsg::TasksMoved }]);
+            }
+        }
     }
 
     /// Lets spouts emit (Storm's activate).

@@ -93,6 +93,8 @@ fn encode_envelopes(batch: &[Envelope], out: &mut Vec<u8>) {
                     AckMsg::Ack { root, val } => (1, root, val, 0),
                     AckMsg::Fail { root } => (2, root, 0, 0),
                     AckMsg::Done { root, ok } => (3, root, 0, u32::from(ok)),
+                    // Sent only within a worker; encoded all the same, so every message has a form.
+                    AckMsg::TasksMoved => (4, 0, 0, 0),
                 };
                 let mut ack = [0u8; 26];
                 ack[0] = 1;
@@ -233,6 +235,7 @@ pub(crate) fn decode_each(
                     1 => AckMsg::Ack { root, val },
                     2 => AckMsg::Fail { root },
                     3 => AckMsg::Done { root, ok: extra != 0 },
+                    4 => AckMsg::TasksMoved,
                     k => return Err(bad(peer, format!("unknown ack kind {k}"))),
                 };
                 out(Envelope::Ack { task, msg });

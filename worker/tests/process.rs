@@ -26,10 +26,14 @@ fn free_port() -> u16 {
 }
 
 fn wordcount(workers: u32) -> Topology {
+    wordcount_timing_out_after(workers, 2)
+}
+
+fn wordcount_timing_out_after(workers: u32, message_timeout_secs: u64) -> Topology {
     let mut b = TopologyBuilder::new("wc");
     b.config(TopologyConfig {
         workers,
-        message_timeout_secs: 2,
+        message_timeout_secs,
         max_spout_pending: Some(500),
         ..TopologyConfig::default()
     });
@@ -154,6 +158,17 @@ impl Cluster {
                 .sum(),
             None => 0,
         }
+    }
+
+    /// Failed tuples of `component`'s executors, as `slot`'s ZooKeeper heartbeat reports them.
+    async fn failed(&self, slot: &WorkerSlot, layout: &TaskLayout, component: &str) -> u64 {
+        let comp = ComponentId::new(component).unwrap();
+        let Some(beat) = self.beat(slot).await else { return 0 };
+        beat.executor_stats
+            .iter()
+            .filter(|s| layout.executors.get(&s.executor) == Some(&comp))
+            .map(|s| s.failed)
+            .sum()
     }
 
     fn local_beat_path(&self, worker_id: &str) -> PathBuf {
@@ -319,7 +334,10 @@ async fn a_peer_moving_to_another_port_is_followed_through_the_assignment() {
         c.acked(&spout_slot, &layout, "sentences").await >= before + 200
     })
     .await;
-    assert!(c.acked(&moved, &layout, "count").await > 0);
+    // Tuples routed within the spout's worker complete without the moved one: wait for its
+    // first heartbeat to show it counting.
+    wait_for(60, "the moved worker to count words", || async { c.acked(&moved, &layout, "count").await > 0 })
+        .await;
     for (t, h) in [(ta, ha), (tm, hm)] {
         t.cancel();
         h.await.unwrap().unwrap();
@@ -482,4 +500,63 @@ async fn a_zookeeper_hiccup_does_not_deactivate_the_spouts() {
     );
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(30), handle).await.unwrap().unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trees_through_a_worker_that_is_gone_fail_when_its_tasks_move() {
+    // issue 12: a spout's tuples sent through a worker that died never complete; they used to
+    // wait the whole message timeout (and with them a Kafka partition's drained hand-off).
+    // Once the assignment moves the dead worker's tasks, they fail within a second or two.
+    const TIMEOUT_SECS: u64 = 60;
+    let c = Cluster::new("trees_lost").await;
+    let sup = SupervisorId::new("sup-1").unwrap();
+    let (a, b) = (
+        WorkerSlot { node: sup.clone(), port: free_port() },
+        WorkerSlot { node: sup.clone(), port: free_port() },
+    );
+    let topology = wordcount_timing_out_after(2, TIMEOUT_SECS);
+    let layout = TaskLayout::compute(&topology.component_parallelism());
+    let assignment = c.submit(&topology, &[a.clone(), b.clone()]).await;
+    let spout_exec = *layout.executors.iter().find(|(_, c)| c.as_str() == "sentences").unwrap().0;
+    let spout_slot = assignment.slot_of(&spout_exec).unwrap();
+    let other = if spout_slot == a { b.clone() } else { a.clone() };
+    let (ta, ha) = c.start(wordcount_timing_out_after(2, TIMEOUT_SECS), &spout_slot, "worker-a");
+    let (tb, hb) = c.start(wordcount_timing_out_after(2, TIMEOUT_SECS), &other, "worker-b");
+    wait_for(60, "flow across two workers", || async {
+        c.acked(&spout_slot, &layout, "sentences").await >= 200
+    })
+    .await;
+    // The other worker goes; tuples the spout sends its way from now on are lost.
+    tb.cancel();
+    hb.await.unwrap().unwrap();
+    let flat = c.acked(&spout_slot, &layout, "sentences").await;
+    wait_for(30, "the spout's tuples to pile up toward the gone worker", || async {
+        c.beat(&spout_slot).await.is_some_and(|beat| {
+            let stats = beat.executor_stats.iter().find(|s| s.executor == spout_exec);
+            stats.is_some_and(|s| s.acked == flat && s.emitted > 0)
+        })
+    })
+    .await;
+    let failed_before = c.failed(&spout_slot, &layout, "sentences").await;
+    // Nimbus moves the gone worker's executors to a new port (no worker runs there yet).
+    let moved = WorkerSlot { node: sup.clone(), port: free_port() };
+    let mut next = assignment.clone();
+    for e in &mut next.executors {
+        if e.slot() == other {
+            e.port = moved.port;
+        }
+    }
+    c.session.set(&c.paths.assignment(&c.id), &next.encode(), None).await.unwrap();
+    let moved_at = Instant::now();
+    wait_for(15, "tuples through the gone worker to fail", || async {
+        c.failed(&spout_slot, &layout, "sentences").await > failed_before
+    })
+    .await;
+    let took = moved_at.elapsed();
+    assert!(took < Duration::from_secs(TIMEOUT_SECS / 4), "failed only after {took:?}");
+    println!(
+        "trees through the gone worker failed {took:?} after its tasks moved (message timeout {TIMEOUT_SECS} s)"
+    );
+    ta.cancel();
+    ha.await.unwrap().unwrap();
 }
