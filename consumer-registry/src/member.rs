@@ -397,7 +397,8 @@ impl Member {
     /// (its lease already is), so everything is claimed again in a new one.
     fn distrust_session(&mut self, session_id: SessionId) {
         if self.zk.as_ref().is_some_and(|zk| zk.session.id() == session_id) {
-            self.pending_state = Some(SessionEvent { session_id, state: SessionState::Expired });
+            // Closed, not Expired: the session lives, so resuming it must not be tried.
+            self.pending_state = Some(SessionEvent { session_id, state: SessionState::Closed });
         }
     }
 
@@ -646,6 +647,7 @@ impl Member {
                 self.check_orphans = true;
                 self.schedule(Duration::ZERO);
             }
+            SessionState::Expired if self.resume_session(cancel).await? => {}
             SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => {
                 tracing::warn!(%group, consumer = %self.consumer_id, state = ?event.state, "ZooKeeper session ended; re-registering");
                 let lost: BTreeSet<TopicPartition> = std::mem::take(&mut self.owned).into_keys().collect();
@@ -659,6 +661,43 @@ impl Member {
             }
         }
         Ok(())
+    }
+
+    /// The client library reports a session expired when it could not reconnect within 7/5 of
+    /// the session timeout, but a ZooKeeper ensemble that was down (restarted) restores its
+    /// sessions with fresh timeouts: ask the server. If it still holds ours, carry on with it:
+    /// owner nodes and registration are still ours (the keeper re-validates them before the
+    /// lease lets anything be emitted). Returns whether the session was resumed.
+    async fn resume_session(&mut self, cancel: &CancellationToken) -> std::result::Result<bool, Halt> {
+        let Some(zk) = &self.zk else { return Ok(false) };
+        self.lease.end();
+        let credentials = zk.session.credentials();
+        let resumed = tokio::select! {
+            () = cancel.cancelled() => return Err(Halt::Cancelled),
+            resumed = self.spec.ensemble.resume(&credentials, &self.session_options) => resumed,
+        };
+        match resumed {
+            Ok(session) => {
+                tracing::info!(group = %self.spec.group, consumer = %self.consumer_id, session = %session.id(), "the server still holds our session (restored after a ZooKeeper restart); resuming it");
+                let registration = std::mem::take(&mut self.registration);
+                self.adopt(session);
+                // The registration node holds the bytes written when the session began.
+                self.registration = registration;
+                if self.paused {
+                    self.paused = false;
+                    self.publish();
+                    self.send(MemberEvent::Resumed, Some(cancel)).await?;
+                }
+                // Watches belonged to the old client: re-read everything.
+                self.check_orphans = true;
+                self.schedule(Duration::ZERO);
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::debug!(group = %self.spec.group, error = %e, "the session is gone at the server too");
+                Ok(false)
+            }
+        }
     }
 
     /// One reconcile: re-read, decide, hand off. Errors that a retry can fix are retried after

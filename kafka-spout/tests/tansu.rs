@@ -524,3 +524,100 @@ fn a_worker_stopped_past_its_session_emits_nothing_it_no_longer_owns() {
         out.len()
     );
 }
+
+/// Reads `topic` from the start on a thread of its own until `stop`, recording each record's
+/// number and when it arrived.
+fn record_arrivals(
+    bootstrap: String,
+    topic: &'static str,
+    partitions: i32,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<(u64, std::time::Instant)>> {
+    use rdkafka::ClientConfig;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    std::thread::spawn(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", "arrivals")
+            .set("enable.auto.commit", "false")
+            .set("fetch.wait.max.ms", "10")
+            .create()
+            .unwrap();
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning).unwrap();
+        }
+        consumer.assign(&tpl).unwrap();
+        let started = std::time::Instant::now();
+        let mut arrivals = Vec::new();
+        while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(600) {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) {
+                let n: u64 = std::str::from_utf8(m.payload().unwrap()).unwrap().parse().unwrap();
+                arrivals.push((n, std::time::Instant::now()));
+            }
+        }
+        arrivals
+    })
+}
+
+/// issue 12: a ZooKeeper server restart (kill -9, down for longer than the session timeout,
+/// start again on the same data) restores the sessions, so the spout tasks keep their partitions: emission
+/// resumes within 5 s of the server answering, and duplicates stay within one commit
+/// interval's worth of messages (they used to presume their sessions gone and replay from their
+/// last commits).
+#[test]
+fn a_zookeeper_restart_keeps_sessions_and_resumes_within_seconds() {
+    logs();
+    const RATE: u64 = 500;
+    let mut server = ZkServer::start();
+    let zk = {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(server.chroot("e2e-zk-restart"))
+    };
+    let tansu = Tansu::start();
+    tansu.create_topic("in10", 4);
+    tansu.create_topic("out10", 4);
+    let next = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reading = record_arrivals(tansu.bootstrap(), "out10", 4, stop.clone());
+    let producing = produce_paced(tansu.bootstrap(), "in10", 4, RATE, next.clone(), stop.clone());
+    let pipeline = Pipeline::new(&tansu.bootstrap(), &zk, "in10", "out10", "g");
+    let cluster = pipeline.start("zkrestart", &prometheus::Registry::new());
+    let registry = Zk::connect(&Ensemble::zookeeper(zk.clone()));
+    assert!(wait_until(WAIT, || (0..4).all(|p| registry.committed("g", "in10", p).unwrap_or(0) > 50)));
+    drop(registry);
+    server.stop();
+    // Down for longer than the 4 s session timeout: the server, back, restores the sessions
+    // with fresh timeouts, so no member may presume its session gone meanwhile.
+    std::thread::sleep(Duration::from_secs(6));
+    server.start_again();
+    let answering = std::time::Instant::now();
+    let produced_when_answering = next.load(Ordering::SeqCst);
+    // Let the flow run a while after the restart, then stop producing and read everything.
+    let until = produced_when_answering + 10 * RATE;
+    assert!(wait_until(WAIT, || next.load(Ordering::SeqCst) >= until));
+    stop.store(true, Ordering::Relaxed);
+    producing.join().unwrap();
+    let total = next.load(Ordering::SeqCst);
+    let out = read_output(&tansu.bootstrap(), "out10", 4, usize::try_from(total).unwrap());
+    let arrivals = reading.join().unwrap();
+    cluster.shutdown(Duration::from_secs(5));
+    let got = numbers(&out);
+    assert!(missing(&got, total, 4).is_empty(), "missing {:?}", missing(&got, total, 4));
+    let duplicates = out.len() - got.len();
+    let commit_interval_worth =
+        usize::try_from(RATE * pipeline.spout.offsets_commit_interval_ms / 1000).unwrap();
+    // Emission resumed: the first number produced after the server answered reached the output.
+    let resumed = arrivals
+        .iter()
+        .filter(|(n, _)| *n >= produced_when_answering)
+        .map(|(_, at)| at.saturating_duration_since(answering))
+        .min()
+        .expect("numbers produced after the restart reached the output");
+    println!(
+        "zookeeper restart: {duplicates} duplicates (one commit interval's worth: {commit_interval_worth}), emission resumed {resumed:?} after the server answered"
+    );
+    assert!(duplicates <= commit_interval_worth, "{duplicates} duplicates after a ZooKeeper restart");
+    assert!(resumed < Duration::from_secs(5), "emission resumed only {resumed:?} after the server answered");
+}
