@@ -3,7 +3,7 @@
 //! that started it, so it never outlives the test.
 //!
 //! The binary: `$SQUALL_TANSU`, else `tansu` on `PATH` (CI: `cargo install tansu --version
-//! 0.6.0 --locked --features dynostore`, into `~/.cargo/bin`).
+//! 0.6.0 --locked --features dynostore,libsql`, into `~/.cargo/bin`).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::{TcpListener, TcpStream};
@@ -33,7 +33,7 @@ pub fn binary() -> PathBuf {
     on_path.unwrap_or_else(|| {
         panic!(
             "tansu is not installed: set SQUALL_TANSU to its path or put it on PATH \
-             (cargo install tansu --version 0.6.0 --locked --features dynostore)"
+             (cargo install tansu --version 0.6.0 --locked --features dynostore,libsql)"
         )
     })
 }
