@@ -718,7 +718,10 @@ impl Member {
             }
             Err(halt) => {
                 let Some(e) = self.error(halt) else { return };
-                if e.is_retryable() {
+                if self.zk.as_ref().is_none_or(|zk| zk.session.state() != SessionState::Connected) {
+                    // A disconnect, not a failure: reconnecting schedules a fresh rebalance.
+                    tracing::info!(%group, consumer = %self.consumer_id, error = %e, "rebalance interrupted by a ZooKeeper disconnect; it runs again once connected");
+                } else if e.is_retryable() {
                     tracing::warn!(%group, error = %e, "rebalance failed; retrying");
                     self.schedule(self.retry_delay);
                     self.retry_delay = (self.retry_delay * 2).min(self.config.backoff());
