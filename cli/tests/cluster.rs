@@ -27,6 +27,9 @@ const SQUALL: &str = env!("CARGO_BIN_EXE_squall");
 /// The Kafka-protocol broker of the end-to-end tests (tansu), shared with kafka-spout's tests.
 #[path = "../../kafka-spout/tests/support/tansu.rs"]
 mod tansu;
+/// Steady input and output arrival times, shared with kafka-spout's fault stories.
+#[path = "../../kafka-spout/tests/support/traffic.rs"]
+mod traffic;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -631,75 +634,6 @@ async fn squall_metrics_page(address: &str) -> String {
     text.split_once("\r\n\r\n").unwrap().1.to_owned()
 }
 
-/// Produces numbers 0.. to `topic` (partition `n % partitions`, key and value the number) at
-/// about `per_sec` until `stop`, on a thread of its own.
-fn produce_paced(
-    bootstrap: String,
-    topic: &'static str,
-    partitions: u64,
-    per_sec: u64,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> std::thread::JoinHandle<u64> {
-    use rdkafka::ClientConfig;
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
-    std::thread::spawn(move || {
-        let producer: BaseProducer =
-            ClientConfig::new().set("bootstrap.servers", &bootstrap).set("linger.ms", "0").create().unwrap();
-        let started = std::time::Instant::now();
-        let mut n = 0u64;
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) && started.elapsed() < Duration::from_secs(600)
-        {
-            while n < started.elapsed().as_millis() as u64 * per_sec / 1000 {
-                let text = n.to_string();
-                let partition = i32::try_from(n % partitions).unwrap();
-                let record = BaseRecord::to(topic).key(&text).payload(&text).partition(partition);
-                if producer.send(record).is_err() {
-                    break; // queue full: poll below, then go on
-                }
-                n += 1;
-            }
-            producer.poll(Duration::from_millis(5));
-        }
-        producer.flush(Duration::from_secs(30)).unwrap();
-        n
-    })
-}
-
-/// Arrival times of the numbers written to `topic`, read from the start until `stop`.
-fn arrivals(
-    bootstrap: String,
-    topic: &'static str,
-    partitions: i32,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    seen: std::sync::Arc<std::sync::Mutex<Vec<(u64, std::time::Instant)>>>,
-) -> std::thread::JoinHandle<()> {
-    use rdkafka::ClientConfig;
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::message::Message;
-    std::thread::spawn(move || {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &bootstrap)
-            .set("group.id", "arrivals")
-            .set("fetch.wait.max.ms", "10")
-            .create()
-            .unwrap();
-        let mut tpl = rdkafka::TopicPartitionList::new();
-        for p in 0..partitions {
-            tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning).unwrap();
-        }
-        consumer.assign(&tpl).unwrap();
-        let started = std::time::Instant::now();
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) && started.elapsed() < Duration::from_secs(600)
-        {
-            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(50))
-                && let Some(n) = m.payload().and_then(|p| std::str::from_utf8(p).ok()?.parse().ok())
-            {
-                seen.lock().unwrap().push((n, std::time::Instant::now()));
-            }
-        }
-    })
-}
-
 /// issue 12: kill -9 of a supervisor with its workers while a Kafka topology ingests 8
 /// partitions on two supervisors: the survivors take the dead tasks' partitions when their
 /// sessions expire, then hand some back (drained) to the tasks restarted in the survivor's free
@@ -748,8 +682,9 @@ async fn kafka_partitions_keep_flowing_when_a_supervisor_dies_with_its_workers()
     .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let producing = produce_paced(broker.bootstrap(), "ingest-in", 8, 200, stop.clone());
-    let reading = arrivals(broker.bootstrap(), "ingest-out", 8, stop.clone(), seen.clone());
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let producing = traffic::produce_paced(broker.bootstrap(), "ingest-in", 8, 200, next, stop.clone());
+    let reading = traffic::record_arrivals(broker.bootstrap(), "ingest-out", 8, stop.clone(), seen.clone());
     let out = cluster.squall(&["submit", &topology.display().to_string()]);
     assert!(out.status.success(), "submit: {}", text(&out));
     // Flowing from every partition, with executors on both supervisors.

@@ -637,16 +637,8 @@ impl Member {
                     self.send(MemberEvent::Paused, Some(cancel)).await?;
                 }
             }
-            SessionState::Connected => {
-                if self.paused {
-                    self.paused = false;
-                    self.publish();
-                    self.send(MemberEvent::Resumed, Some(cancel)).await?;
-                }
-                // Watches may have been missed while away: re-read everything.
-                self.check_orphans = true;
-                self.schedule(Duration::ZERO);
-            }
+            // Watches may have been missed while away: re-read everything.
+            SessionState::Connected => self.reconnected(cancel).await?,
             SessionState::Expired if self.resume_session(cancel).await? => {}
             SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => {
                 tracing::warn!(%group, consumer = %self.consumer_id, state = ?event.state, "ZooKeeper session ended; re-registering");
@@ -660,6 +652,19 @@ impl Member {
                 self.open_session(cancel).await?;
             }
         }
+        Ok(())
+    }
+
+    /// Connected again (or resumed): the pause ends, and everything is re-read, since watches
+    /// may have been missed meanwhile.
+    async fn reconnected(&mut self, cancel: &CancellationToken) -> std::result::Result<(), Halt> {
+        if self.paused {
+            self.paused = false;
+            self.publish();
+            self.send(MemberEvent::Resumed, Some(cancel)).await?;
+        }
+        self.check_orphans = true;
+        self.schedule(Duration::ZERO);
         Ok(())
     }
 
@@ -683,14 +688,8 @@ impl Member {
                 self.adopt(session);
                 // The registration node holds the bytes written when the session began.
                 self.registration = registration;
-                if self.paused {
-                    self.paused = false;
-                    self.publish();
-                    self.send(MemberEvent::Resumed, Some(cancel)).await?;
-                }
                 // Watches belonged to the old client: re-read everything.
-                self.check_orphans = true;
-                self.schedule(Duration::ZERO);
+                self.reconnected(cancel).await?;
                 Ok(true)
             }
             Err(e) => {

@@ -15,6 +15,7 @@ use std::time::Duration;
 use cluster_state::coord::Ensemble;
 use kafka_spout::{BoltMetrics, KafkaBolt, KafkaBoltConfig, KafkaSpout, KafkaSpoutConfig, SpoutEnv};
 use support::tansu::Tansu;
+use support::traffic::{produce_paced, record_arrivals};
 use support::{Zk, produce, wait_until};
 use test_harness::ZkServer;
 use worker::{
@@ -344,53 +345,6 @@ fn signal(child: &Child, name: &str) {
     assert!(status.success(), "kill -{name} {}", child.id());
 }
 
-/// Produces numbers from 0 on to `topic` (partition `n % partitions`) at about `per_sec` until
-/// `stop`; `next` is the next number to be sent, so every number below a reading of it was
-/// handed to the producer before that reading.
-fn produce_paced(
-    bootstrap: String,
-    topic: &'static str,
-    partitions: u64,
-    per_sec: u64,
-    next: Arc<AtomicU64>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-) -> std::thread::JoinHandle<()> {
-    use rdkafka::ClientConfig;
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
-    std::thread::spawn(move || {
-        let producer: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", &bootstrap)
-            .set("linger.ms", "0")
-            .set("batch.num.messages", "1")
-            .create()
-            .unwrap();
-        let started = std::time::Instant::now();
-        let mut n = 0u64;
-        // Bounded: a test never produces for longer than it waits.
-        while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(600) {
-            let due = started.elapsed().as_millis() as u64 * per_sec / 1000;
-            while n < due {
-                let text = n.to_string();
-                let partition = i32::try_from(n % partitions).unwrap();
-                let mut record = BaseRecord::to(topic).key(&text).payload(&text).partition(partition);
-                loop {
-                    match producer.send(record) {
-                        Ok(()) => break,
-                        Err((_, back)) => {
-                            record = back;
-                            producer.poll(Duration::from_millis(5));
-                        }
-                    }
-                }
-                n += 1;
-                next.store(n, Ordering::SeqCst);
-            }
-            producer.poll(Duration::from_millis(5));
-        }
-        producer.flush(Duration::from_secs(30)).unwrap();
-    })
-}
-
 /// What one pause of process A looked like: the numbers produced while A was stopped, and
 /// when A was continued.
 struct Pause {
@@ -525,42 +479,6 @@ fn a_worker_stopped_past_its_session_emits_nothing_it_no_longer_owns() {
     );
 }
 
-/// Reads `topic` from the start on a thread of its own until `stop`, recording each record's
-/// number and when it arrived.
-fn record_arrivals(
-    bootstrap: String,
-    topic: &'static str,
-    partitions: i32,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-) -> std::thread::JoinHandle<Vec<(u64, std::time::Instant)>> {
-    use rdkafka::ClientConfig;
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::message::Message;
-    std::thread::spawn(move || {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &bootstrap)
-            .set("group.id", "arrivals")
-            .set("enable.auto.commit", "false")
-            .set("fetch.wait.max.ms", "10")
-            .create()
-            .unwrap();
-        let mut tpl = rdkafka::TopicPartitionList::new();
-        for p in 0..partitions {
-            tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning).unwrap();
-        }
-        consumer.assign(&tpl).unwrap();
-        let started = std::time::Instant::now();
-        let mut arrivals = Vec::new();
-        while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(600) {
-            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) {
-                let n: u64 = std::str::from_utf8(m.payload().unwrap()).unwrap().parse().unwrap();
-                arrivals.push((n, std::time::Instant::now()));
-            }
-        }
-        arrivals
-    })
-}
-
 /// issue 12: a ZooKeeper server restart (kill -9, down for longer than the session timeout,
 /// start again on the same data) restores the sessions, so the spout tasks keep their partitions: emission
 /// resumes within 5 s of the server answering, and duplicates stay within one commit
@@ -580,7 +498,8 @@ fn a_zookeeper_restart_keeps_sessions_and_resumes_within_seconds() {
     tansu.create_topic("out10", 4);
     let next = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reading = record_arrivals(tansu.bootstrap(), "out10", 4, stop.clone());
+    let arrivals = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let reading = record_arrivals(tansu.bootstrap(), "out10", 4, stop.clone(), arrivals.clone());
     let producing = produce_paced(tansu.bootstrap(), "in10", 4, RATE, next.clone(), stop.clone());
     let pipeline = Pipeline::new(&tansu.bootstrap(), &zk, "in10", "out10", "g");
     let cluster = pipeline.start("zkrestart", &prometheus::Registry::new());
@@ -601,7 +520,8 @@ fn a_zookeeper_restart_keeps_sessions_and_resumes_within_seconds() {
     producing.join().unwrap();
     let total = next.load(Ordering::SeqCst);
     let out = read_output(&tansu.bootstrap(), "out10", 4, usize::try_from(total).unwrap());
-    let arrivals = reading.join().unwrap();
+    reading.join().unwrap();
+    let arrivals = arrivals.lock().unwrap();
     cluster.shutdown(Duration::from_secs(5));
     let got = numbers(&out);
     assert!(missing(&got, total, 4).is_empty(), "missing {:?}", missing(&got, total, 4));

@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::acker::{AckLedger, AckMsg, RotatingMap};
 use crate::collector::{
-    Batch, BoltCollector, Emitter, Envelope, ErrorSender, OutStream, Sent, SharedRoutes, SpoutCollector,
-    SpoutPending, Subscriber,
+    Batch, BoltCollector, Emitter, Envelope, ErrorSender, OutStream, PendingTuple, Sent, SharedRoutes,
+    SpoutCollector, SpoutPending, Subscriber,
 };
 use crate::component::{Bolt, Spout, TopologyContext};
 use crate::error::{Error, Result};
@@ -263,19 +263,12 @@ fn run_spout(
             if !lost.is_empty() {
                 tracing::info!(component = %em.component, trees = lost.len(), "failing tuples whose trees went through a worker that is gone; they replay now");
             }
-            for (_, p) in lost {
-                pending.per_task[p.task_index] = pending.per_task[p.task_index].saturating_sub(1);
-                failed += 1;
-                spouts[p.task_index].fail(p.msg_id);
-            }
+            fail_all(&mut spouts, &mut pending.per_task, lost, &mut failed);
         }
         if config.enable_message_timeouts && Instant::now() >= next_rotate {
             next_rotate = Instant::now() + rotate_every;
-            for (_, p) in pending.map.rotate() {
-                pending.per_task[p.task_index] = pending.per_task[p.task_index].saturating_sub(1);
-                failed += 1;
-                spouts[p.task_index].fail(p.msg_id);
-            }
+            let timed_out = pending.map.rotate();
+            fail_all(&mut spouts, &mut pending.per_task, timed_out, &mut failed);
         }
         let active = shared.active.load(Ordering::Relaxed);
         if active != was_active {
@@ -357,6 +350,20 @@ fn run_spout(
         s.close();
     }
     em.flush();
+}
+
+/// Fails tuples taken out of the pending map (timed out, or lost with a worker).
+fn fail_all(
+    spouts: &mut [Box<dyn Spout>],
+    per_task: &mut [u32],
+    lost: Vec<(u64, PendingTuple)>,
+    failed: &mut u64,
+) {
+    for (_, p) in lost {
+        per_task[p.task_index] = per_task[p.task_index].saturating_sub(1);
+        *failed += 1;
+        spouts[p.task_index].fail(p.msg_id);
+    }
 }
 
 /// How long trees in flight when tasks moved get to complete before they count as lost: acks

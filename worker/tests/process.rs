@@ -344,62 +344,98 @@ async fn a_peer_moving_to_another_port_is_followed_through_the_assignment() {
     }
 }
 
+/// One worker process's `run` over the in-memory ensemble (what `squall local` uses, which can
+/// disconnect and expire sessions on demand), with an active word count assigned to it.
+struct MemoryWorker {
+    memory: cluster_state::coord::MemoryEnsemble,
+    /// The test's own session (the worker's are the others).
+    session: Session,
+    paths: StormPaths,
+    id: TopologyId,
+    slot: WorkerSlot,
+    registry: prometheus::Registry,
+    cancel: CancellationToken,
+    handle: tokio::task::JoinHandle<worker::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl MemoryWorker {
+    async fn start(config: WorkerConfig) -> Self {
+        let ensemble = Ensemble::in_memory();
+        let Ensemble::Memory(memory) = ensemble.clone() else { unreachable!() };
+        let session = ensemble.connect(&SessionOptions::default()).await.unwrap();
+        let paths = StormPaths::default();
+        let id = TopologyId::new(&TopologyName::new("wc").unwrap(), 1, 1_700_000_000);
+        let slot = WorkerSlot { node: SupervisorId::new("sup-1").unwrap(), port: free_port() };
+        let topology = wordcount(1);
+        let layout = TaskLayout::compute(&topology.component_parallelism());
+        let executors = layout
+            .executors
+            .keys()
+            .map(|e| ExecutorAssignment {
+                executor: *e,
+                node: slot.node.clone(),
+                port: slot.port,
+                start_time_secs: 1,
+            })
+            .collect();
+        let assignment = Assignment {
+            master_code_dir: "/none".into(),
+            node_host: [(slot.node.clone(), "127.0.0.1".into())].into(),
+            executors,
+        };
+        let base = StormBase {
+            name: TopologyName::new("wc").unwrap(),
+            launch_time_secs: 1_700_000_000,
+            status: TopologyStatus::Active,
+            num_workers: 1,
+            component_executors: topology.component_executors(),
+            owner: "test".into(),
+            prev_status: None,
+            pending_transition: None,
+        };
+        let parents = CreateMode::Persistent.with_parents();
+        session.create(&paths.storm(&id), &base.encode(), parents).await.unwrap();
+        session.create(&paths.assignment(&id), &assignment.encode(), parents).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let args = WorkerArgs {
+            topology_id: id.clone(),
+            supervisor_id: slot.node.clone(),
+            port: slot.port,
+            worker_id: "w".into(),
+            local_dir: dir.path().to_owned(),
+            hostname: "127.0.0.1".into(),
+        };
+        let registry = prometheus::Registry::new();
+        let cancel = CancellationToken::new();
+        let (e2, p2, r2, c2) = (ensemble.clone(), paths.clone(), registry.clone(), cancel.clone());
+        let handle = tokio::spawn(async move { run(args, config, topology, e2, p2, &r2, c2).await });
+        MemoryWorker { memory, session, paths, id, slot, registry, cancel, handle, _dir: dir }
+    }
+
+    /// The worker's sessions: every live one but the test's.
+    fn worker_sessions(&self) -> Vec<cluster_state::coord::SessionId> {
+        self.memory.sessions().into_iter().filter(|id| *id != self.session.id()).collect()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_session_expires_stops_with_an_error() {
-    // The in-memory ensemble (what `squall local` uses) can expire a session on demand.
-    let ensemble = Ensemble::in_memory();
-    let Ensemble::Memory(memory) = ensemble.clone() else { unreachable!() };
-    let s = ensemble.connect(&SessionOptions::default()).await.unwrap();
-    let paths = StormPaths::default();
-    let id = TopologyId::new(&TopologyName::new("wc").unwrap(), 1, 1_700_000_000);
-    let slot = WorkerSlot { node: SupervisorId::new("sup-1").unwrap(), port: free_port() };
-    let topology = wordcount(1);
-    let layout = TaskLayout::compute(&topology.component_parallelism());
-    let executors = layout
-        .executors
-        .keys()
-        .map(|e| ExecutorAssignment {
-            executor: *e,
-            node: slot.node.clone(),
-            port: slot.port,
-            start_time_secs: 1,
-        })
-        .collect();
-    let assignment = Assignment {
-        master_code_dir: "/none".into(),
-        node_host: [(slot.node.clone(), "127.0.0.1".into())].into(),
-        executors,
-    };
-    s.create(&paths.assignment(&id), &assignment.encode(), CreateMode::Persistent.with_parents())
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let args = WorkerArgs {
-        topology_id: id.clone(),
-        supervisor_id: slot.node.clone(),
-        port: slot.port,
-        worker_id: "w".into(),
-        local_dir: dir.path().to_owned(),
-        hostname: "127.0.0.1".into(),
-    };
     let config = WorkerConfig {
         zk_heartbeat_frequency_secs: 1,
         bind_host: "127.0.0.1".into(),
         ..WorkerConfig::default()
     };
-    let (e2, p2) = (ensemble.clone(), paths.clone());
-    let handle = tokio::spawn(async move {
-        run(args, config, wordcount(1), e2, p2, &prometheus::Registry::new(), CancellationToken::new()).await
-    });
-    let beat = paths.workerbeat(&id, &slot);
-    wait_for(30, "the first ZooKeeper heartbeat", || async { s.exists(&beat).await.unwrap().is_some() })
-        .await;
-    for session in memory.sessions() {
-        if session != s.id() {
-            memory.expire(session);
-        }
+    let w = MemoryWorker::start(config).await;
+    let beat = w.paths.workerbeat(&w.id, &w.slot);
+    wait_for(30, "the first ZooKeeper heartbeat", || async {
+        w.session.exists(&beat).await.unwrap().is_some()
+    })
+    .await;
+    for session in w.worker_sessions() {
+        w.memory.expire(session);
     }
-    let result = tokio::time::timeout(Duration::from_secs(30), handle).await.unwrap().unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(30), w.handle).await.unwrap().unwrap();
     match result {
         Err(worker::Error::Coord(e)) => assert!(e.is_session_lost(), "{e}"),
         other => panic!("expected a session-lost error, got {other:?}"),
@@ -421,85 +457,36 @@ fn emitted(registry: &prometheus::Registry, component: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zookeeper_hiccup_does_not_deactivate_the_spouts() {
     // A status read that fails (connection lost) used to count as "inactive" until the next
-    // successful read; the spouts must go on while the last known status is active.
-    let ensemble = Ensemble::in_memory();
-    let Ensemble::Memory(memory) = ensemble.clone() else { unreachable!() };
-    let s = ensemble.connect(&SessionOptions::default()).await.unwrap();
-    let paths = StormPaths::default();
-    let id = TopologyId::new(&TopologyName::new("wc").unwrap(), 1, 1_700_000_000);
-    let slot = WorkerSlot { node: SupervisorId::new("sup-1").unwrap(), port: free_port() };
-    let topology = wordcount(1);
-    let layout = TaskLayout::compute(&topology.component_parallelism());
-    let executors = layout
-        .executors
-        .keys()
-        .map(|e| ExecutorAssignment {
-            executor: *e,
-            node: slot.node.clone(),
-            port: slot.port,
-            start_time_secs: 1,
-        })
-        .collect();
-    let assignment = Assignment {
-        master_code_dir: "/none".into(),
-        node_host: [(slot.node.clone(), "127.0.0.1".into())].into(),
-        executors,
-    };
-    let base = StormBase {
-        name: TopologyName::new("wc").unwrap(),
-        launch_time_secs: 1_700_000_000,
-        status: TopologyStatus::Active,
-        num_workers: 1,
-        component_executors: topology.component_executors(),
-        owner: "test".into(),
-        prev_status: None,
-        pending_transition: None,
-    };
-    s.create(&paths.storm(&id), &base.encode(), CreateMode::Persistent.with_parents()).await.unwrap();
-    s.create(&paths.assignment(&id), &assignment.encode(), CreateMode::Persistent.with_parents())
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let args = WorkerArgs {
-        topology_id: id.clone(),
-        supervisor_id: slot.node.clone(),
-        port: slot.port,
-        worker_id: "w".into(),
-        local_dir: dir.path().to_owned(),
-        hostname: "127.0.0.1".into(),
-    };
-    // Re-read status every second, so reads fail during the hiccup below.
+    // successful read; the spouts must go on while the last known status is active. Status is
+    // re-read every second, so reads fail during the hiccup below.
     let config =
         WorkerConfig { refresh_poll_secs: 1, bind_host: "127.0.0.1".into(), ..WorkerConfig::default() };
-    let registry = prometheus::Registry::new();
-    let cancel = CancellationToken::new();
-    let (e2, p2, r2, c2) = (ensemble.clone(), paths.clone(), registry.clone(), cancel.clone());
-    let handle = tokio::spawn(async move { run(args, config, wordcount(1), e2, p2, &r2, c2).await });
-    wait_for(30, "the spout to emit", || async { emitted(&registry, "sentences") > 0.0 }).await;
-    let worker_sessions: Vec<_> = memory.sessions().into_iter().filter(|id| *id != s.id()).collect();
-    for session in &worker_sessions {
-        memory.disconnect(*session);
+    let w = MemoryWorker::start(config).await;
+    wait_for(30, "the spout to emit", || async { emitted(&w.registry, "sentences") > 0.0 }).await;
+    let sessions = w.worker_sessions();
+    for session in &sessions {
+        w.memory.disconnect(*session);
     }
-    // Hold the connection down across at least two status refreshes (one per second), within
-    // the session timeout (20 s); the spout must keep emitting all along.
+    // Hold the connection down across at least two status refreshes, within the session
+    // timeout (20 s); the spout must keep emitting all along.
     let started = Instant::now();
-    let mut last = emitted(&registry, "sentences");
+    let mut last = emitted(&w.registry, "sentences");
     let mut samples = Vec::new();
     while started.elapsed() < Duration::from_millis(3500) {
         tokio::time::sleep(Duration::from_millis(700)).await;
-        let now = emitted(&registry, "sentences");
+        let now = emitted(&w.registry, "sentences");
         samples.push(now - last);
         last = now;
     }
-    for session in &worker_sessions {
-        memory.reconnect(*session);
+    for session in &sessions {
+        w.memory.reconnect(*session);
     }
     assert!(
         samples.iter().skip(1).all(|d| *d > 0.0),
         "the spout stopped emitting during the hiccup: {samples:?}"
     );
-    cancel.cancel();
-    tokio::time::timeout(Duration::from_secs(30), handle).await.unwrap().unwrap().unwrap();
+    w.cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(30), w.handle).await.unwrap().unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,6 +14,7 @@
 //!   *sent*: the server heard from the session no earlier than that, so it cannot expire it
 //!   before that instant plus the session timeout.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -39,21 +40,30 @@ impl LeaseInstant {
     }
 }
 
-/// Time the machine spent suspended since this process first asked.
+/// Time the machine spent suspended since this process first asked. Never decreases: the two
+/// clocks are read one after the other, so each reading is off by the (varying) time between the
+/// reads; the largest reading so far is kept, which never exceeds the true suspended time by more
+/// than one such gap (microseconds, against leases of seconds).
 fn suspended() -> Duration {
     static AT_START: OnceLock<Duration> = OnceLock::new();
+    static LARGEST_NANOS: AtomicU64 = AtomicU64::new(0);
     let now = suspended_since_boot();
-    now.saturating_sub(*AT_START.get_or_init(|| now))
+    let since_start = now.saturating_sub(*AT_START.get_or_init(|| now));
+    let nanos = u64::try_from(since_start.as_nanos()).unwrap_or(u64::MAX);
+    let largest = LARGEST_NANOS.fetch_max(nanos, Ordering::Relaxed).max(nanos);
+    Duration::from_nanos(largest)
 }
 
+/// `CLOCK_BOOTTIME` minus `CLOCK_MONOTONIC`, read monotonic last so the gap between the reads
+/// makes the result smaller, never larger.
 #[cfg(target_os = "linux")]
 fn suspended_since_boot() -> Duration {
     use rustix::time::{ClockId, clock_gettime};
     let as_duration = |t: rustix::time::Timespec| {
         Duration::new(u64::try_from(t.tv_sec).unwrap_or(0), u32::try_from(t.tv_nsec).unwrap_or(0))
     };
-    let monotonic = as_duration(clock_gettime(ClockId::Monotonic));
     let boottime = as_duration(clock_gettime(ClockId::Boottime));
+    let monotonic = as_duration(clock_gettime(ClockId::Monotonic));
     boottime.saturating_sub(monotonic)
 }
 

@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod tansu;
+pub mod traffic;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,94 @@
+//! Steady traffic for the fault stories: numbers produced at a fixed rate, and the arrival time
+//! of every number read back from an output topic. Shared with `cli/tests/cluster.rs`.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+
+/// The longest any traffic thread runs: never longer than a test waits.
+const LIMIT: Duration = Duration::from_secs(900);
+
+/// Produces numbers from 0 on to `topic` (key and value the decimal number, partition
+/// `n % partitions`, one record per batch: see `support::produce`) at about `per_sec` until
+/// `stop`. `next` is the next number to be sent, so every number below a reading of it was
+/// handed to the producer before that reading.
+pub fn produce_paced(
+    bootstrap: String,
+    topic: &'static str,
+    partitions: u64,
+    per_sec: u64,
+    next: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("linger.ms", "0")
+            .set("batch.num.messages", "1")
+            .create()
+            .unwrap();
+        let started = Instant::now();
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) && started.elapsed() < LIMIT {
+            let due = started.elapsed().as_millis() as u64 * per_sec / 1000;
+            while n < due {
+                let text = n.to_string();
+                let partition = i32::try_from(n % partitions).unwrap();
+                let mut record = BaseRecord::to(topic).key(&text).payload(&text).partition(partition);
+                loop {
+                    match producer.send(record) {
+                        Ok(()) => break,
+                        Err((_, back)) => {
+                            record = back;
+                            producer.poll(Duration::from_millis(5));
+                        }
+                    }
+                }
+                n += 1;
+                next.store(n, Ordering::SeqCst);
+            }
+            producer.poll(Duration::from_millis(5));
+        }
+        producer.flush(Duration::from_secs(30)).unwrap();
+    })
+}
+
+/// Every number arriving in `topic` (all partitions, from the start) with when it arrived,
+/// appended to `seen` until `stop`.
+pub fn record_arrivals(
+    bootstrap: String,
+    topic: &'static str,
+    partitions: i32,
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<Vec<(u64, Instant)>>>,
+) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", "arrivals")
+            .set("enable.auto.commit", "false")
+            .set("fetch.wait.max.ms", "10")
+            .create()
+            .unwrap();
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning).unwrap();
+        }
+        consumer.assign(&tpl).unwrap();
+        let started = Instant::now();
+        while !stop.load(Ordering::Relaxed) && started.elapsed() < LIMIT {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(50))
+                && let Some(n) = m.payload().and_then(|p| std::str::from_utf8(p).ok()?.parse().ok())
+            {
+                seen.lock().unwrap().push((n, Instant::now()));
+            }
+        }
+    })
+}
