@@ -213,9 +213,11 @@ mod tests {
     fn terminate_stops_a_worker_and_its_group() {
         let dir = tempfile::tempdir().unwrap();
         let launcher = ProcessLauncher::new();
-        let pid = launcher.launch(&spec(dir.path(), "sleep 30")).unwrap();
+        // A loop, so `sh` stays the process (it may exec a script's last simple command).
+        let pid = launcher.launch(&spec(dir.path(), "while :; do sleep 1; done")).unwrap();
         assert!(launcher.is_running(pid));
-        assert!(launcher.adopt(pid, "w-1234"), "the worker id is on its command line");
+        // The worker id is on its command line (once the exec has set it up).
+        wait_until("the worker's command line", || launcher.adopt(pid, "w-1234"));
         launcher.terminate(pid).unwrap();
         wait_until("the worker to stop", || !launcher.is_running(pid));
         // Signalling a worker that is gone is not an error.
