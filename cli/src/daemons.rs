@@ -69,15 +69,22 @@ pub fn supervisor(args: DaemonArgs) -> Result<(), String> {
     let config = file.supervisor()?;
     config.validate().map_err(|e| e.to_string())?;
     let squall = std::env::current_exe().map_err(|e| format!("cannot find the squall executable: {e}"))?;
-    let launch = supervisor::daemon::WorkerLaunch { squall, zookeeper: zookeeper.clone() };
+    let program = supervisor::daemon::WorkerProgram { squall, zookeeper: Some(zookeeper.clone()) };
     runtime()?.block_on(async {
         let shutdown = CancellationToken::new();
         stop_on_signal(shutdown.clone());
         let launcher = Arc::new(supervisor::launch::ProcessLauncher::new());
         let registry = prometheus::Registry::new();
-        supervisor::daemon::run(config, Ensemble::zookeeper(zookeeper), launcher, launch, &registry, shutdown)
-            .await
-            .map_err(|e| e.to_string())
+        supervisor::daemon::run(
+            config,
+            Ensemble::zookeeper(zookeeper),
+            launcher,
+            program,
+            &registry,
+            shutdown,
+        )
+        .await
+        .map_err(|e| e.to_string())
     })
 }
 

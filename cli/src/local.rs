@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use clap::Parser;
 use cluster_state::coord::{Ensemble, Session, SessionOptions};
 use cluster_state::ids::TopologyId;
 use cluster_state::layout::TaskLayout;
@@ -233,9 +232,10 @@ impl Drop for EmbeddedKafka {
     }
 }
 
-/// Runs the supervisor's workers as tasks of this process: the same `squall worker` arguments
-/// the supervisor would give a child process, parsed and run by `worker::process::run` over this
-/// process's ensemble. A "pid" is a number of this launcher's.
+/// Runs the supervisor's workers as tasks of this process: the launch the supervisor would give
+/// a child process, run by `worker::process::run` over this process's ensemble (whatever
+/// ZooKeeper the launch names, the workers share the launcher's). A "pid" is a number of this
+/// launcher's.
 pub struct InProcessLauncher {
     registry: Registry,
     ensemble: Ensemble,
@@ -248,14 +248,6 @@ impl std::fmt::Debug for InProcessLauncher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InProcessLauncher").field("workers", &self.workers().len()).finish_non_exhaustive()
     }
-}
-
-/// The worker's arguments, as the supervisor writes them after the program name.
-#[derive(Debug, Parser)]
-#[command(name = "worker")]
-struct WorkerArgsOnly {
-    #[command(flatten)]
-    worker: worker::cli::WorkerCommand,
 }
 
 impl InProcessLauncher {
@@ -293,40 +285,25 @@ impl InProcessLauncher {
 impl Launcher for InProcessLauncher {
     fn launch(&self, spec: &WorkerSpec) -> Result<u32, LaunchError> {
         let failed = |reason: String| LaunchError::Spawn {
-            worker_id: spec.worker_id.clone(),
+            worker_id: spec.worker_id(),
             program: spec.program.clone(),
             source: std::io::Error::other(reason),
         };
-        // The supervisor's arguments start with the verb, `worker`.
-        let args =
-            WorkerArgsOnly::try_parse_from(spec.args.iter()).map_err(|e| failed(e.to_string()))?.worker;
-        let topology = self.registry.load_file(&args.topology_file).map_err(|e| failed(e.to_string()))?;
-        let paths = StormPaths::new(&args.storm_root).map_err(|e| failed(e.to_string()))?;
-        let worker_args = worker::process::WorkerArgs {
-            topology_id: args.topology_id,
-            supervisor_id: args.supervisor_id,
-            port: args.port,
-            worker_id: args.worker_id,
-            local_dir: args.local_dir,
-            hostname: args.hostname.unwrap_or_else(|| "127.0.0.1".to_owned()),
-        };
+        let worker::cli::PreparedWorker { args, mut config, topology, paths } =
+            worker::cli::prepare(spec.launch.clone(), &self.registry).map_err(|e| failed(e.to_string()))?;
         // Heartbeats every second, so progress lines are fresh.
-        let config = worker::process::WorkerConfig {
-            bind_host: args.bind_host,
-            zk_heartbeat_frequency_secs: 1,
-            shutdown_drain_ms: DRAIN.as_millis() as u64 / 2,
-            ..Default::default()
-        };
+        config.zk_heartbeat_frequency_secs = 1;
+        config.shutdown_drain_ms = DRAIN.as_millis() as u64 / 2;
         let pid = self.next_pid.fetch_add(1, Ordering::Relaxed);
         let (stop, done) = (CancellationToken::new(), Arc::new(AtomicBool::new(false)));
         self.workers().insert(pid, (stop.clone(), done.clone()));
         let ensemble = self.ensemble.clone();
-        let worker_id = spec.worker_id.clone();
+        let worker_id = spec.worker_id();
         self.runtime.spawn(async move {
             // Each worker its own registry: the same metric names, one set per worker.
             let metrics = prometheus::Registry::new();
             if let Err(e) =
-                worker::process::run(worker_args, config, topology, ensemble, paths, &metrics, stop).await
+                worker::process::run(args, config, topology, ensemble, paths, &metrics, stop).await
             {
                 tracing::warn!(worker = %worker_id, "worker stopped: {e}");
             }
@@ -516,15 +493,15 @@ async fn run_cluster(
     };
     let launcher =
         Arc::new(InProcessLauncher::new(registry, ensemble.clone(), tokio::runtime::Handle::current()));
-    let launch = supervisor::daemon::WorkerLaunch {
+    let program = supervisor::daemon::WorkerProgram {
         squall: std::env::current_exe().map_err(|e| format!("cannot find the squall executable: {e}"))?,
-        zookeeper: cmd.zookeeper.clone().unwrap_or_else(|| "in-memory".to_owned()),
+        zookeeper: cmd.zookeeper.clone(),
     };
     let supervisor = tokio::spawn({
         let (ensemble, launcher, shutdown) = (ensemble.clone(), launcher.clone(), shutdown.clone());
         async move {
             let registry = prometheus::Registry::new();
-            supervisor::daemon::run(supervisor_config, ensemble, launcher, launch, &registry, shutdown).await
+            supervisor::daemon::run(supervisor_config, ensemble, launcher, program, &registry, shutdown).await
         }
     });
 

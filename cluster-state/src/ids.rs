@@ -230,6 +230,16 @@ string_id!(
 );
 
 string_id!(
+    /// A worker's id, made by its supervisor (a UUID) when it launches the worker: the name of
+    /// its local heartbeat directory and how a restarted supervisor recognises it, so a valid
+    /// path segment.
+    WorkerId,
+    "worker id",
+    pub fn new,
+    check_segment
+);
+
+string_id!(
     /// A Kafka consumer group id, a valid path segment.
     GroupId,
     "group id",

@@ -19,6 +19,8 @@
 //! - [`api`]: nimbus's HTTP/JSON API as a wire format: routes (the one place `/api/v1` is
 //!   spelled), request and response bodies with Storm UI's keys, the upload id, the checksum
 //!   header. Golden-tested like the znodes.
+//! - [`launch`]: the worker's command line as a wire format ([`launch::WorkerLaunch`]): what
+//!   a supervisor gives a worker, written and read in one place, round-trip and golden tested.
 //! - [`coord`]: the coordination client every other crate uses, with two backends of the same
 //!   semantics: real ZooKeeper (`zookeeper-client`) and an in-memory ensemble for
 //!   `squall local` and fast tests. One conformance suite holds both to the same behaviour.
@@ -27,6 +29,7 @@ pub mod api;
 pub mod code;
 pub mod coord;
 pub mod ids;
+pub mod launch;
 pub mod layout;
 pub mod metrics;
 pub mod paths;

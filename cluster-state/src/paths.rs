@@ -49,6 +49,14 @@ impl Default for StormPaths {
     }
 }
 
+impl std::str::FromStr for StormPaths {
+    type Err = IdError;
+    /// The layout under the root `s` (see [`StormPaths::new`]).
+    fn from_str(s: &str) -> Result<Self, IdError> {
+        Self::new(s)
+    }
+}
+
 impl StormPaths {
     /// Storm's default root (`storm.zookeeper.root` in defaults.yaml).
     pub const DEFAULT_ROOT: &'static str = "/storm";

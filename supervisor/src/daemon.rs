@@ -10,14 +10,14 @@
 //! this machine adopts them.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use cluster_state::code::CodeFile;
 use cluster_state::coord::{self, Ensemble, Session, SessionOptions};
-use cluster_state::ids::{SupervisorId, TopologyId};
+use cluster_state::ids::{SupervisorId, TopologyId, WorkerId};
+use cluster_state::launch::WorkerLaunch;
 use cluster_state::metrics::CoordMetrics;
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{Assignment, SupervisorInfo};
@@ -130,46 +130,52 @@ impl SupervisorConfig {
     }
 }
 
-/// How workers are started: the `squall` executable (used when a topology has no worker binary
-/// of its own) and the ZooKeeper connect string they get.
+/// The program workers run: the `squall` executable (used when a topology has no worker
+/// binary of its own) and the ZooKeeper connect string they get (`None`: the worker's default;
+/// an in-process launcher runs them over its own ensemble).
 #[derive(Debug, Clone)]
-pub struct WorkerLaunch {
+pub struct WorkerProgram {
     pub squall: PathBuf,
-    pub zookeeper: String,
+    pub zookeeper: Option<String>,
 }
 
-fn worker_spec(config: &SupervisorConfig, code: &CodeSync, launch: &WorkerLaunch) -> SpecBuilder {
-    let (config, code, launch) = (config.clone(), code.clone(), launch.clone());
-    Arc::new(move |supervisor: &SupervisorId, worker_id: &str, port: u16, assignment: &LocalAssignment| {
-        let dir = code.topology_dir(&assignment.topology_id);
-        let own_binary = dir.join(CodeFile::WorkerBinary.file_name());
-        let program = if own_binary.is_file() { own_binary } else { launch.squall.clone() };
-        let mut args: Vec<OsString> = vec!["worker".into()];
-        let mut arg = |name: &str, value: OsString| {
-            args.push(name.into());
-            args.push(value);
-        };
-        arg("--topology-id", assignment.topology_id.as_str().into());
-        arg("--supervisor-id", supervisor.as_str().into());
-        arg("--port", port.to_string().into());
-        arg("--worker-id", worker_id.into());
-        arg("--zookeeper", launch.zookeeper.clone().into());
-        arg("--storm-root", config.zookeeper_root.clone().into());
-        arg("--topology-file", dir.join(CodeFile::Topology.file_name()).into());
-        arg("--local-dir", config.local_dir.clone().into());
-        if let Some(host) = &config.hostname {
-            arg("--hostname", host.into());
-        }
-        let logs = config.local_dir.join("logs");
-        WorkerSpec {
-            worker_id: worker_id.to_owned(),
-            program,
-            args,
-            env: Vec::new(),
-            dir: config.local_dir.clone(),
-            log_path: logs.join(format!("worker-{port}-{worker_id}.log")),
-        }
-    })
+/// Builds each worker's spec: its program, and a launch carrying the cluster's settings from
+/// `config` (ZooKeeper root and timeouts, local dir, host name) and its code's location.
+fn worker_spec(
+    config: &SupervisorConfig,
+    paths: &StormPaths,
+    code: &CodeSync,
+    program: &WorkerProgram,
+) -> SpecBuilder {
+    let (config, paths, code, program) = (config.clone(), paths.clone(), code.clone(), program.clone());
+    Arc::new(
+        move |supervisor: &SupervisorId, worker_id: &WorkerId, port: u16, assignment: &LocalAssignment| {
+            let dir = code.topology_dir(&assignment.topology_id);
+            let own_binary = dir.join(CodeFile::WorkerBinary.file_name());
+            let topology_file = dir.join(CodeFile::Topology.file_name());
+            let mut launch = WorkerLaunch::new(
+                assignment.topology_id.clone(),
+                supervisor.clone(),
+                port,
+                worker_id.clone(),
+                topology_file,
+            );
+            launch.zookeeper = program.zookeeper.clone();
+            launch.storm_paths = paths.clone();
+            launch.local_dir = config.local_dir.clone();
+            launch.hostname = config.hostname.clone();
+            launch.zookeeper_session_timeout_ms = config.zookeeper_session_timeout_ms;
+            launch.zookeeper_connection_timeout_ms = config.zookeeper_connection_timeout_ms;
+            let logs = config.local_dir.join("logs");
+            WorkerSpec {
+                program: if own_binary.is_file() { own_binary } else { program.squall.clone() },
+                launch,
+                env: Vec::new(),
+                dir: config.local_dir.clone(),
+                log_path: logs.join(format!("worker-{port}-{worker_id}.log")),
+            }
+        },
+    )
 }
 
 fn now_secs() -> u64 {
@@ -210,7 +216,7 @@ pub async fn run(
     config: SupervisorConfig,
     ensemble: Ensemble,
     launcher: Arc<dyn Launcher>,
-    launch: WorkerLaunch,
+    program: WorkerProgram,
     registry: &prometheus::Registry,
     shutdown: CancellationToken,
 ) -> Result<(), SupervisorError> {
@@ -231,7 +237,7 @@ pub async fn run(
     let mut process = ProcessTask::open(
         &config.local_dir,
         launcher,
-        worker_spec(&config, &code, &launch),
+        worker_spec(&config, &paths, &code, &program),
         timeouts,
         Duration::from_secs(config.worker_shutdown_sleep_secs),
     )?;
@@ -375,4 +381,41 @@ async fn round(
         tracing::info!(topology = %removed, "removed code no assignment needs");
     }
     done
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn workers_are_launched_with_the_cluster_settings() {
+        let config = SupervisorConfig {
+            local_dir: "/var/storm".into(),
+            zookeeper_root: "/squall".into(),
+            zookeeper_session_timeout_ms: 7000,
+            zookeeper_connection_timeout_ms: 3000,
+            hostname: Some("host1".into()),
+            ..SupervisorConfig::default()
+        };
+        let paths = config.validate().unwrap();
+        let code = CodeSync::new("127.0.0.1:1", &config.local_dir);
+        let program = WorkerProgram { squall: "/usr/bin/squall".into(), zookeeper: Some("zk1:2181".into()) };
+        let build = worker_spec(&config, &paths, &code, &program);
+        let assignment =
+            LocalAssignment { topology_id: "wc-1-1700000000".parse().unwrap(), executors: BTreeSet::new() };
+        let (supervisor, worker) = ("sup-1".parse().unwrap(), "w-1".parse().unwrap());
+        let spec = build(&supervisor, &worker, 6700, &assignment);
+        assert_eq!(spec.program, PathBuf::from("/usr/bin/squall"));
+        let launch = &spec.launch;
+        assert_eq!((launch.port, &launch.worker_id, &launch.supervisor_id), (6700, &worker, &supervisor));
+        assert_eq!(launch.zookeeper.as_deref(), Some("zk1:2181"));
+        assert_eq!(launch.storm_paths.root(), "/squall");
+        assert_eq!(launch.hostname.as_deref(), Some("host1"));
+        assert_eq!(launch.session_options().session_timeout, Duration::from_secs(7));
+        assert_eq!(launch.session_options().connect_timeout, Duration::from_secs(3));
+        assert!(launch.topology_file.ends_with("wc-1-1700000000/topology.yaml"), "{launch:?}");
+        assert_eq!(WorkerLaunch::parse(launch.to_args()).unwrap(), *launch);
+    }
 }

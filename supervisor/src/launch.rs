@@ -6,6 +6,9 @@
 //! the worker's own log file. `squall local` provides a launcher that runs workers in-process
 //! instead, which is why this crate never depends on `worker`.
 //!
+//! What a worker is told is a [`WorkerLaunch`] (`cluster_state::launch`): the process launcher
+//! renders it with [`WorkerLaunch::to_args`], the in-process one takes it as it is.
+//!
 //! The trait is synchronous and signal-shaped (`terminate`, then `force_kill` after a grace
 //! period the caller times), so the caller's actor owns every wait.
 
@@ -18,23 +21,30 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 
+use cluster_state::launch::WorkerLaunch;
 use rustix::process::{Pid, Signal};
 
 /// Everything needed to start one worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerSpec {
-    /// The id the worker runs under (also how an adopted worker is recognised).
-    pub worker_id: String,
     /// The program: `squall` or the topology's own worker binary.
     pub program: PathBuf,
-    /// Its arguments (`worker --topology-id .. --supervisor-id .. --port .. --worker-id ..`).
-    pub args: Vec<OsString>,
+    /// What the worker is told: its command line (also how an adopted worker is recognised, by
+    /// its worker id).
+    pub launch: WorkerLaunch,
     /// Extra environment variables.
     pub env: Vec<(OsString, OsString)>,
     /// Working directory.
     pub dir: PathBuf,
     /// Where its stdout and stderr go (appended).
     pub log_path: PathBuf,
+}
+
+impl WorkerSpec {
+    /// The worker's id, as its launch gives it.
+    pub fn worker_id(&self) -> String {
+        self.launch.worker_id.to_string()
+    }
 }
 
 /// A worker that could not be started or signalled.
@@ -97,15 +107,15 @@ impl ProcessLauncher {
 impl Launcher for ProcessLauncher {
     fn launch(&self, spec: &WorkerSpec) -> Result<u32, LaunchError> {
         let log = OpenOptions::new().create(true).append(true).open(&spec.log_path).map_err(|source| {
-            LaunchError::Log { worker_id: spec.worker_id.clone(), path: spec.log_path.clone(), source }
+            LaunchError::Log { worker_id: spec.worker_id(), path: spec.log_path.clone(), source }
         })?;
         let stderr = log.try_clone().map_err(|source| LaunchError::Log {
-            worker_id: spec.worker_id.clone(),
+            worker_id: spec.worker_id(),
             path: spec.log_path.clone(),
             source,
         })?;
         let child = Command::new(&spec.program)
-            .args(&spec.args)
+            .args(spec.launch.to_args())
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .current_dir(&spec.dir)
             .stdin(Stdio::null())
@@ -114,7 +124,7 @@ impl Launcher for ProcessLauncher {
             .process_group(0)
             .spawn()
             .map_err(|source| LaunchError::Spawn {
-                worker_id: spec.worker_id.clone(),
+                worker_id: spec.worker_id(),
                 program: spec.program.clone(),
                 source,
             })?;
@@ -160,11 +170,20 @@ mod tests {
     use super::*;
     use std::time::{Duration, Instant};
 
-    fn spec(dir: &std::path::Path, program: &str, args: &[&str]) -> WorkerSpec {
+    /// A worker running `script`: `sh` reads the file `worker` in its working directory, the
+    /// launch's first argument, and takes the launch's flags as its arguments.
+    fn spec(dir: &std::path::Path, script: &str) -> WorkerSpec {
+        fs::write(dir.join("worker"), script).unwrap();
+        let launch = WorkerLaunch::new(
+            "wc-1-1700000000".parse().unwrap(),
+            "sup-1".parse().unwrap(),
+            6700,
+            "w-1234".parse().unwrap(),
+            dir.join("topology.yaml"),
+        );
         WorkerSpec {
-            worker_id: "w-1234".into(),
-            program: program.into(),
-            args: args.iter().map(OsString::from).collect(),
+            program: "sh".into(),
+            launch,
             env: vec![("SQUALL_TEST".into(), "yes".into())],
             dir: dir.to_path_buf(),
             log_path: dir.join("worker.log"),
@@ -183,18 +202,22 @@ mod tests {
     fn output_goes_to_the_log_file_and_exit_is_observed() {
         let dir = tempfile::tempdir().unwrap();
         let launcher = ProcessLauncher::new();
-        let pid = launcher.launch(&spec(dir.path(), "/usr/bin/env", &[])).unwrap();
+        let pid = launcher.launch(&spec(dir.path(), "env; echo \"args: $*\"")).unwrap();
         wait_until("the worker to exit", || !launcher.is_running(pid));
         let log = fs::read_to_string(dir.path().join("worker.log")).unwrap();
         assert!(log.contains("SQUALL_TEST=yes"), "{log}");
+        assert!(log.contains("args: --topology-id wc-1-1700000000 --supervisor-id sup-1"), "{log}");
     }
 
     #[test]
     fn terminate_stops_a_worker_and_its_group() {
         let dir = tempfile::tempdir().unwrap();
         let launcher = ProcessLauncher::new();
-        let pid = launcher.launch(&spec(dir.path(), "sleep", &["30"])).unwrap();
+        // A loop, so `sh` stays the process (it may exec a script's last simple command).
+        let pid = launcher.launch(&spec(dir.path(), "while :; do sleep 1; done")).unwrap();
         assert!(launcher.is_running(pid));
+        // The worker id is on its command line (once the exec has set it up).
+        wait_until("the worker's command line", || launcher.adopt(pid, "w-1234"));
         launcher.terminate(pid).unwrap();
         wait_until("the worker to stop", || !launcher.is_running(pid));
         // Signalling a worker that is gone is not an error.
@@ -206,7 +229,7 @@ mod tests {
     fn force_kill_stops_a_worker_that_ignores_terminate() {
         let dir = tempfile::tempdir().unwrap();
         let launcher = ProcessLauncher::new();
-        let stubborn = spec(dir.path(), "sh", &["-c", "trap '' TERM; echo ready; while :; do sleep 1; done"]);
+        let stubborn = spec(dir.path(), "trap '' TERM; echo ready; while :; do sleep 1; done");
         let pid = launcher.launch(&stubborn).unwrap();
         wait_until("the trap to be set", || {
             fs::read_to_string(dir.path().join("worker.log")).is_ok_and(|log| log.contains("ready"))
@@ -221,7 +244,8 @@ mod tests {
     #[test]
     fn a_missing_program_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        let err = ProcessLauncher::new().launch(&spec(dir.path(), "/nonexistent/squall", &[])).unwrap_err();
+        let missing = WorkerSpec { program: "/nonexistent/squall".into(), ..spec(dir.path(), "") };
+        let err = ProcessLauncher::new().launch(&missing).unwrap_err();
         let message = err.to_string();
         assert!(message.contains("w-1234") && message.contains("/nonexistent/squall"), "{message}");
     }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cluster_state::ids::{SupervisorId, TopologyId};
+use cluster_state::ids::{SupervisorId, TopologyId, WorkerId};
 use cluster_state::znode::{LocalWorkerHeartbeat, ZnodeData};
 use serde::{Deserialize, Serialize};
 
@@ -40,9 +40,10 @@ pub struct SupervisorState {
     pub workers: BTreeMap<String, WorkerRecord>,
 }
 
-/// Builds the launch of one worker: its program and arguments (the caller knows where the code
-/// and the cluster are).
-pub type SpecBuilder = Arc<dyn Fn(&SupervisorId, &str, u16, &LocalAssignment) -> WorkerSpec + Send + Sync>;
+/// Builds the launch of one worker: its program and what it is told (the caller knows where the
+/// code and the cluster are).
+pub type SpecBuilder =
+    Arc<dyn Fn(&SupervisorId, &WorkerId, u16, &LocalAssignment) -> WorkerSpec + Send + Sync>;
 
 /// What a reconcile did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -196,8 +197,9 @@ impl ProcessTask {
                     done.push(Done::Killed { worker_id, port, state });
                 }
                 Action::Launch { port, assignment } => {
-                    let worker_id = new_id();
-                    let spec = (self.spec)(&self.state.supervisor_id, &worker_id, port, &assignment);
+                    let id = WorkerId::new(new_id())?;
+                    let spec = (self.spec)(&self.state.supervisor_id, &id, port, &assignment);
+                    let worker_id = id.to_string();
                     let pid = self.launcher.launch(&spec)?;
                     tracing::info!(%worker_id, port, pid, topology = %assignment.topology_id, "launched worker");
                     self.state.workers.insert(

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cluster_state::ids::{ExecutorId, TaskId, TopologyId};
+use cluster_state::launch::WorkerLaunch;
 use supervisor::launch::{Launcher, ProcessLauncher, WorkerSpec};
 use supervisor::plan::{LocalAssignment, WorkerTimeouts};
 use supervisor::process_task::{Done, ProcessTask, SpecBuilder};
@@ -24,11 +25,13 @@ fn assignment(tasks: &[u32]) -> LocalAssignment {
     }
 }
 
-/// A stand-in worker: writes `<dir>/workers/<id>/heartbeat` every 200 ms, atomically.
+/// A stand-in worker: writes `<dir>/workers/<id>/heartbeat` every 200 ms, atomically. The
+/// launcher runs `sh worker <flags>` in a directory of the worker's own, where `worker` is this
+/// script (so its command line is the real launch's, worker id included, for adoption).
 fn fake_worker(local_dir: &Path) -> SpecBuilder {
     let local_dir = local_dir.to_path_buf();
-    Arc::new(move |_supervisor, worker_id, port, assignment| {
-        let dir = local_dir.join("workers").join(worker_id);
+    Arc::new(move |supervisor, worker_id, port, assignment| {
+        let dir = local_dir.join("workers").join(worker_id.as_str());
         let executors: Vec<String> = assignment
             .executors
             .iter()
@@ -42,12 +45,21 @@ fn fake_worker(local_dir: &Path) -> SpecBuilder {
             topology = assignment.topology_id,
             executors = executors.join(","),
         );
+        let program_dir = local_dir.join("programs").join(worker_id.as_str());
+        std::fs::create_dir_all(&program_dir).unwrap();
+        std::fs::write(program_dir.join("worker"), script).unwrap();
+        let launch = WorkerLaunch::new(
+            assignment.topology_id.clone(),
+            supervisor.clone(),
+            port,
+            worker_id.clone(),
+            local_dir.join("topology.yaml"),
+        );
         WorkerSpec {
-            worker_id: worker_id.to_owned(),
             program: "sh".into(),
-            args: vec!["-c".into(), script.into(), worker_id.into()],
+            launch,
             env: vec![],
-            dir: local_dir.clone(),
+            dir: program_dir,
             log_path: local_dir.join(format!("{worker_id}.log")),
         }
     })

@@ -1,11 +1,12 @@
 //! The worker process: what `squall worker` (or a user's own worker binary) runs for one slot.
 //!
 //! [`run`] reads the slot's assignment, starts the executors, connects to the peer workers it
-//! sends to and accepts theirs, then loops until `shutdown`: a local heartbeat file every
-//! `worker.heartbeat.frequency.secs`, a ZooKeeper heartbeat with executor stats every
-//! `task.heartbeat.frequency.secs`, errors to `/storm/errors` (rate-limited, last 10 kept), and
-//! a reconcile of peers and activation on every assignment / storm-base watch and every
-//! `task.refresh.poll.secs`. Shutdown is graceful: spouts deactivate, pending tuples drain up to
+//! sends to and accepts theirs, then loops until `shutdown`: a local heartbeat file and a
+//! ZooKeeper heartbeat with executor stats at the periods of [`WorkerConfig`], errors to
+//! `/storm/errors` (rate-limited, last 10 kept), and a reconcile of peers and activation on
+//! every assignment / storm-base watch and every [`WorkerConfig::refresh_poll_secs`]. Its
+//! ZooKeeper session has the cluster's timeouts ([`WorkerArgs::session`], from the launch).
+//! Shutdown is graceful: spouts deactivate, pending tuples drain up to
 //! a bound, connections flush, the heartbeats are removed.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -23,7 +24,6 @@ use cluster_state::znode::{
     Assignment, ErrorInfo, LocalWorkerHeartbeat, StormBase, TopologyStatus, WorkerHeartbeat, ZnodeData,
 };
 use prometheus::{IntCounter, Registry as MetricsRegistry};
-use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::collector::{Batch, ErrorReport};
@@ -33,15 +33,18 @@ use crate::runtime::{RuntimeParts, WorkerRuntime};
 use crate::topology::Topology;
 use crate::transport::{PeerReceiver, PeerSender, TransportStats};
 
-/// Process-level worker settings; Storm's keys and defaults (defaults.yaml).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+/// Process-level worker settings with Storm's defaults (defaults.yaml). No config file or flag
+/// sets them: the worker binary takes the defaults (`bind_host` aside, which its launch gives),
+/// and embedders (`squall local`, tests) set
+/// their own. What the cluster configures reaches the worker through its launch
+/// (`cluster_state::launch::WorkerLaunch`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerConfig {
-    /// `worker.heartbeat.frequency.secs`: local heartbeat file period. Storm: 1.
+    /// Local heartbeat file period, in seconds. Storm: 1.
     pub heartbeat_frequency_secs: u64,
-    /// `task.heartbeat.frequency.secs`: ZooKeeper heartbeat period. Storm: 3.
+    /// ZooKeeper heartbeat period, in seconds. Storm: 3.
     pub zk_heartbeat_frequency_secs: u64,
-    /// `task.refresh.poll.secs`: re-read assignment and status even without a watch. Storm: 10.
+    /// Re-read assignment and status even without a watch, in seconds. Storm: 10.
     pub refresh_poll_secs: u64,
     /// Bound on draining pending tuples at shutdown, in milliseconds (Storm's supervisor gives
     /// a worker `supervisor.worker.shutdown.sleep.secs` = 3 s).
@@ -76,6 +79,9 @@ pub struct WorkerArgs {
     pub local_dir: PathBuf,
     /// This host's name, for error reports.
     pub hostname: String,
+    /// How to open the ZooKeeper session: the cluster's `storm.zookeeper.session.timeout` and
+    /// `storm.zookeeper.connection.timeout`, as the launch gives them.
+    pub session: SessionOptions,
 }
 
 /// Writes the local heartbeat (cluster-state's [`LocalWorkerHeartbeat`] format) atomically:
@@ -356,7 +362,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let coord_metrics = cluster_state::metrics::CoordMetrics::register(metrics)?;
-    let session = ensemble.connect(&SessionOptions::default()).await?.instrument(coord_metrics);
+    let session = ensemble.connect(&args.session).await?.instrument(coord_metrics);
     let result = run_session(&args, &config, topology, &session, &paths, metrics, &shutdown).await;
     let _ = session.close().await;
     result

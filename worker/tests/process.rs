@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use cluster_state::coord::{CreateMode, Ensemble, Session, SessionOptions};
 use cluster_state::ids::{ComponentId, SupervisorId, TopologyId, TopologyName, WorkerSlot};
+use cluster_state::launch::WorkerLaunch;
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::LocalWorkerHeartbeat;
 use cluster_state::znode::{
@@ -121,6 +122,7 @@ impl Cluster {
             worker_id: worker_id.into(),
             local_dir: self.dir.path().to_owned(),
             hostname: "127.0.0.1".into(),
+            session: SessionOptions::default(),
         };
         let config = WorkerConfig {
             zk_heartbeat_frequency_secs: 1,
@@ -405,6 +407,7 @@ impl MemoryWorker {
             worker_id: "w".into(),
             local_dir: dir.path().to_owned(),
             hostname: "127.0.0.1".into(),
+            session: SessionOptions::default(),
         };
         let registry = prometheus::Registry::new();
         let cancel = CancellationToken::new();
@@ -546,4 +549,46 @@ async fn trees_through_a_worker_that_is_gone_fail_when_its_tasks_move() {
     );
     ta.cancel();
     ha.await.unwrap().unwrap();
+}
+
+/// The cluster's `storm.zookeeper.session.timeout` reaches the worker's session: a worker
+/// launched (through the command line's wire format) with 7 s asks its ensemble for 7 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_opens_its_session_with_the_launch_timeouts() {
+    let ensemble = Ensemble::in_memory();
+    let Ensemble::Memory(memory) = ensemble.clone() else { unreachable!() };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("wc.yaml");
+    std::fs::write(
+        &file,
+        "name: wc\nspouts:\n  - id: s\n    className: sentence-generator\n\
+         bolts:\n  - id: l\n    className: log\nstreams:\n  - from: s\n    to: l\n    grouping: {type: SHUFFLE}\n",
+    )
+    .unwrap();
+    let mut launch = WorkerLaunch::new(
+        "wc-1-1700000000".parse().unwrap(),
+        "sup-1".parse().unwrap(),
+        free_port(),
+        "w-1".parse().unwrap(),
+        file,
+    );
+    launch.local_dir = dir.path().to_owned();
+    launch.bind_host = "127.0.0.1".into();
+    launch.zookeeper_session_timeout_ms = 7000;
+    launch.zookeeper_connection_timeout_ms = 3000;
+    let launch = WorkerLaunch::parse(launch.to_args()).unwrap();
+    let worker = worker::cli::prepare(launch, &worker::Registry::with_builtins()).unwrap();
+    let cancel = CancellationToken::new();
+    let (e2, c2) = (ensemble.clone(), cancel.clone());
+    // No assignment: the worker connects and waits for one.
+    let handle = tokio::spawn(async move {
+        let worker::cli::PreparedWorker { args, config, topology, paths } = worker;
+        run(args, config, topology, e2, paths, &prometheus::Registry::new(), c2).await
+    });
+    wait_for(30, "the worker's session", || async { !memory.sessions().is_empty() }).await;
+    let sessions = memory.sessions();
+    assert_eq!(sessions.len(), 1);
+    assert_eq!(memory.session_timeout(sessions[0]), Some(Duration::from_secs(7)));
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(30), handle).await.unwrap().unwrap().unwrap();
 }

@@ -214,6 +214,12 @@ impl MemoryEnsemble {
         ids
     }
 
+    /// The timeout a live session was granted (what its owner asked for, within the sanity
+    /// limits), so a test can see which timeout a component opened its session with.
+    pub fn session_timeout(&self, id: SessionId) -> Option<Duration> {
+        self.lock().sessions.get(&id.0).map(|entry| entry.timeout)
+    }
+
     fn end_session(&self, id: i64, state: SessionState) {
         let mut tree = self.lock();
         let Some(entry) = tree.sessions.remove(&id) else {
