@@ -1,0 +1,420 @@
+//! The registry side of a spout task, on a thread of its own with a current-thread runtime: runs
+//! the consumer-registry member and acts on its events in order (assign at the committed
+//! offset, drain and commit on revoke, pause, forget on expiry), commits every
+//! `offsets.commit.interval.ms`, and reads log-end offsets for lag on a task of its own.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use cluster_state::coord::SessionId;
+use cluster_state::ids::{Partition, Topic};
+use consumer_registry::lag::{Commit, LagWindow};
+use consumer_registry::{
+    Member, MemberEvent, MemberHandle, OffsetReset, PartitionSource, SourcedPartitions, StartPosition,
+    TopicPartition,
+};
+use futures::future::BoxFuture;
+use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaError;
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use super::partitions::{TaskState, lock};
+use super::{CLIENT_TIMEOUT, SHUTDOWN_TIMEOUT, START_ATTEMPTS};
+use crate::config::KafkaSpoutConfig;
+use crate::context::TaskConsumer;
+use crate::error::{Error, Result};
+use crate::metrics::SpoutMetrics;
+
+/// Requests from the executor thread to the coordinator.
+#[derive(Debug)]
+pub(super) enum Request {
+    /// Commit what is safe now (deactivate).
+    Commit,
+}
+
+/// Partition counts from Kafka's metadata API, for topics not registered in ZooKeeper.
+pub(super) struct MetadataSource {
+    pub(super) consumer: Arc<TaskConsumer>,
+}
+
+impl std::fmt::Debug for MetadataSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MetadataSource")
+    }
+}
+
+impl PartitionSource for MetadataSource {
+    fn partitions<'a>(&'a self, topic: &'a Topic) -> BoxFuture<'a, SourcedPartitions> {
+        let consumer = self.consumer.clone();
+        let name = topic.to_string();
+        Box::pin(async move {
+            let metadata =
+                tokio::task::spawn_blocking(move || consumer.fetch_metadata(Some(&name), CLIENT_TIMEOUT))
+                    .await
+                    .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)??;
+            let Some(t) = metadata.topics().first() else { return Ok(None) };
+            if t.error().is_some() || t.partitions().is_empty() {
+                return Ok(None); // unknown topic (or not yet created)
+            }
+            let partitions = t.partitions().iter().filter_map(|p| Partition::new(p.id()).ok()).collect();
+            Ok(Some(partitions))
+        })
+    }
+}
+
+/// The coordinator: one per task, on its own thread.
+pub(super) struct Coordinator {
+    pub(super) config: Arc<KafkaSpoutConfig>,
+    pub(super) component: String,
+    pub(super) task: u32,
+    pub(super) consumer: Arc<TaskConsumer>,
+    pub(super) state: Arc<Mutex<TaskState>>,
+    pub(super) drained: Arc<Notify>,
+    pub(super) handle: MemberHandle,
+    pub(super) metrics: SpoutMetrics,
+    pub(super) paused: prometheus::IntGauge,
+    pub(super) drain_timeout: Duration,
+    /// Per partition: the last log-end offset seen and Burrow's window of commits.
+    pub(super) lag_windows: Mutex<HashMap<TopicPartition, (Option<i64>, LagWindow)>>,
+}
+
+impl Coordinator {
+    pub(super) async fn run(
+        self: Arc<Self>,
+        member: Member,
+        mut events: mpsc::Receiver<MemberEvent>,
+        mut requests: mpsc::UnboundedReceiver<Request>,
+        cancel: CancellationToken,
+    ) {
+        let member_cancel = CancellationToken::new();
+        let member_task = tokio::spawn(member.run(member_cancel.clone()));
+        // Log-end offsets come from the broker (up to CLIENT_TIMEOUT per partition while it is
+        // away): read them on a task of their own, so session events never wait behind them.
+        let lag_cancel = cancel.child_token();
+        let lag_task = tokio::spawn(self.clone().read_lag(lag_cancel.clone()));
+        let period = Duration::from_millis(self.config.offsets_commit_interval_ms);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => break,
+                event = events.recv() => match event {
+                    Some(event) => self.on_event(event, Some(&cancel)).await,
+                    None => break, // the member stopped (an error it logged)
+                },
+                request = requests.recv() => match request {
+                    Some(Request::Commit) => self.commit_owned().await,
+                    None => break,
+                },
+                _ = tick.tick() => self.commit_owned().await,
+            }
+        }
+        lag_cancel.cancel();
+        let _ = lag_task.await;
+        // Shutdown: commit, then leave the group (the member hands every partition off through
+        // Revoking events, which are acknowledged without waiting for tuples that will never
+        // be acked now), then close the session.
+        self.commit_owned().await;
+        member_cancel.cancel();
+        let leave = async {
+            while let Some(event) = events.recv().await {
+                self.on_event(event, None).await;
+            }
+        };
+        if tokio::time::timeout(SHUTDOWN_TIMEOUT, leave).await.is_err() {
+            tracing::warn!(component = %self.component, "leaving the consumer group took too long");
+        }
+        match tokio::time::timeout(Duration::from_secs(2), member_task).await {
+            Ok(Ok(Err(e))) => {
+                tracing::warn!(component = %self.component, error = %e, "consumer group member failed")
+            }
+            Ok(_) => {}
+            Err(_) => {
+                tracing::warn!(component = %self.component, "consumer group member did not stop in time")
+            }
+        }
+    }
+
+    /// `cancel`: the task is running (a revoke waits for in-flight tuples until it fires);
+    /// `None` during shutdown (nothing more will be acked).
+    async fn on_event(&self, event: MemberEvent, cancel: Option<&CancellationToken>) {
+        match event {
+            MemberEvent::Assigned { partitions, session } => {
+                for tp in partitions {
+                    self.assign(tp, session, cancel).await;
+                }
+            }
+            MemberEvent::Revoking { partitions, ack } => {
+                self.revoke(&partitions, cancel).await;
+                ack.ack();
+            }
+            MemberEvent::Revoked { partitions } => {
+                tracing::debug!(component = %self.component, ?partitions, "owner nodes released");
+            }
+            MemberEvent::Paused => {
+                lock(&self.state).paused = true;
+                self.paused.set(1);
+                tracing::warn!(component = %self.component, "ZooKeeper disconnected: emitting nothing");
+            }
+            MemberEvent::Resumed => {
+                lock(&self.state).paused = false;
+                self.paused.set(0);
+            }
+            MemberEvent::Expired { partitions } => {
+                // Others may own them now: stop, and never commit them.
+                self.unassign(&partitions);
+                let mut state = lock(&self.state);
+                state.paused = false;
+                self.paused.set(0);
+                for tp in &partitions {
+                    state.remove(tp);
+                }
+                drop(state);
+                self.forget_group_gauges(&partitions);
+            }
+        }
+    }
+
+    fn unassign(&self, partitions: &BTreeSet<TopicPartition>) {
+        let mut tpl = TopicPartitionList::new();
+        for tp in partitions {
+            tpl.add_partition(tp.topic.as_str(), tp.partition.get());
+        }
+        if let Err(e) = self.consumer.incremental_unassign(&tpl) {
+            tracing::warn!(component = %self.component, error = %e, "unassigning partitions from the consumer");
+        }
+    }
+
+    async fn watermarks(&self, tp: &TopicPartition) -> Result<(i64, i64)> {
+        let consumer = self.consumer.clone();
+        let (topic, partition) = (tp.topic.to_string(), tp.partition.get());
+        let error = |source| Error::Partition {
+            topic: tp.topic.to_string(),
+            partition: tp.partition.get(),
+            context: "reading watermarks",
+            source,
+        };
+        tokio::task::spawn_blocking(move || consumer.fetch_watermarks(&topic, partition, CLIENT_TIMEOUT))
+            .await
+            .map_err(|_| error(KafkaError::Canceled))?
+            .map_err(error)
+    }
+
+    /// The consumer-group labels of `tp`: group, topic, partition.
+    fn metric_labels<R>(&self, tp: &TopicPartition, f: impl FnOnce(&[&str]) -> R) -> R {
+        let partition = tp.partition.to_string();
+        f(&[self.config.group_id.as_str(), tp.topic.as_str(), partition.as_str()])
+    }
+
+    /// Records a commit (`offset`) or a new log-end offset (`high`) of `tp` and sets Burrow's
+    /// status of the partition.
+    fn track_lag(&self, tp: &TopicPartition, offset: Option<i64>, high: Option<i64>) {
+        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let status = {
+            let mut windows = self.lag_windows.lock().unwrap_or_else(PoisonError::into_inner);
+            let (last_high, window) = windows.entry(tp.clone()).or_default();
+            if high.is_some() {
+                *last_high = high;
+            }
+            if let (Some(offset), Some(high)) = (offset, *last_high) {
+                window.push(Commit { offset, lag: (high - offset).max(0), at_ms: now_ms });
+            }
+            window.status(now_ms)
+        };
+        self.metric_labels(tp, |l| self.metrics.lag_status.with_label_values(l).set(status.code()));
+    }
+
+    async fn assign(&self, tp: TopicPartition, session: SessionId, cancel: Option<&CancellationToken>) {
+        let mut delay = Duration::from_millis(100);
+        let mut attempt = 0;
+        let start = loop {
+            attempt += 1;
+            match self.handle.offsets().start_position(&tp).await {
+                Ok(position) => break position,
+                Err(e) if attempt < START_ATTEMPTS && cancel.is_some_and(|c| !c.is_cancelled()) => {
+                    tracing::warn!(component = %self.component, %tp, error = %e, "reading the start position; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    tracing::error!(component = %self.component, %tp, error = %e, "cannot start the partition; it stays idle until the next rebalance");
+                    return;
+                }
+            }
+        };
+        // A committed offset the broker no longer has is found by the first fetch: librdkafka
+        // resets it by auto.offset.reset and the first message shows it (counted there).
+        // Watermarks are not asked: a ListOffsets answer may lag the log (tansu's does).
+        let (offset, known) = match start {
+            StartPosition::Committed(o) => (Offset::Offset(o), Some(o)),
+            StartPosition::Reset(OffsetReset::Smallest) => (Offset::Beginning, None),
+            StartPosition::Reset(OffsetReset::Largest) => (Offset::End, None),
+        };
+        {
+            let mut state = lock(&self.state);
+            if let Some(old) = state.remove(&tp) {
+                tracing::debug!(component = %self.component, %tp, slot = old.slot, "replacing an earlier incarnation");
+            }
+            state.insert(tp.clone(), session, known, &self.metrics, &self.component);
+        }
+        if let Some(o) = known {
+            self.metric_labels(&tp, |l| self.metrics.committed_offset.with_label_values(l).set(o));
+        }
+        let mut tpl = TopicPartitionList::new();
+        let added = tpl.add_partition_offset(tp.topic.as_str(), tp.partition.get(), offset);
+        if let Err(e) = added.and_then(|()| self.consumer.incremental_assign(&tpl)) {
+            tracing::error!(component = %self.component, %tp, error = %e, "assigning the partition to the consumer");
+            lock(&self.state).remove(&tp);
+            return;
+        }
+        tracing::info!(component = %self.component, task = self.task, consumer = %self.handle.consumer_id(), %session, %tp, ?start, "consuming partition");
+    }
+
+    /// Stop emitting from `partitions`, wait for their in-flight tuples (bounded), commit
+    /// them, and forget them.
+    async fn revoke(&self, partitions: &BTreeSet<TopicPartition>, cancel: Option<&CancellationToken>) {
+        {
+            let mut state = lock(&self.state);
+            for tp in partitions {
+                if let Some(part) = state.get_mut(tp) {
+                    part.emitting = false;
+                }
+            }
+        }
+        self.unassign(partitions);
+        if let Some(cancel) = cancel {
+            let deadline = tokio::time::Instant::now() + self.drain_timeout;
+            loop {
+                let notified = self.drained.notified();
+                let in_flight = lock(&self.state).in_flight(partitions);
+                if in_flight == 0 {
+                    break;
+                }
+                tokio::select! {
+                    () = notified => {}
+                    () = cancel.cancelled() => break,
+                    () = tokio::time::sleep_until(deadline) => {
+                        tracing::warn!(component = %self.component, in_flight, "revoked partitions did not drain in time; committing what is acknowledged");
+                        break;
+                    }
+                }
+            }
+        }
+        let offsets: BTreeMap<TopicPartition, i64> = {
+            let state = lock(&self.state);
+            partitions
+                .iter()
+                .filter_map(|tp| state.get(tp).and_then(|p| p.offsets.commit_due()).map(|o| (tp.clone(), o)))
+                .collect()
+        };
+        self.commit(offsets).await;
+        let mut state = lock(&self.state);
+        for tp in partitions {
+            state.remove(tp);
+        }
+        drop(state);
+        self.forget_group_gauges(partitions);
+    }
+
+    /// Drops the consumer-group gauges of partitions handed off: their new owner (maybe in
+    /// another process) reports them from now on, and a frozen lag or status left here would
+    /// show on dashboards next to the live one. Counters stay, as Prometheus counters do.
+    fn forget_group_gauges(&self, partitions: &BTreeSet<TopicPartition>) {
+        let mut windows = self.lag_windows.lock().unwrap_or_else(PoisonError::into_inner);
+        for tp in partitions {
+            windows.remove(tp);
+            self.metric_labels(tp, |l| {
+                for gauge in [
+                    &self.metrics.committed_offset,
+                    &self.metrics.log_end_offset,
+                    &self.metrics.lag,
+                    &self.metrics.lag_status,
+                ] {
+                    // Absent when the partition was never committed or measured here.
+                    let _ = gauge.remove_label_values(l);
+                }
+            });
+        }
+    }
+
+    /// Commits the safe offsets of the partitions this member owns (skipped while paused).
+    async fn commit_owned(&self) {
+        let ownership = self.handle.ownership();
+        if ownership.paused {
+            return;
+        }
+        let offsets: BTreeMap<TopicPartition, i64> = {
+            let state = lock(&self.state);
+            ownership
+                .partitions
+                .keys()
+                .filter_map(|tp| state.get(tp).and_then(|p| p.offsets.commit_due()).map(|o| (tp.clone(), o)))
+                .collect()
+        };
+        self.commit(offsets).await;
+    }
+
+    async fn commit(&self, offsets: BTreeMap<TopicPartition, i64>) {
+        if offsets.is_empty() {
+            return;
+        }
+        match self.handle.offsets().commit(&offsets).await {
+            Ok(report) => {
+                tracing::debug!(component = %self.component, written = report.written, "committed offsets");
+                let mut state = lock(&self.state);
+                for (tp, offset) in &offsets {
+                    if let Some(part) = state.get_mut(tp) {
+                        part.offsets.committed_at(*offset);
+                    }
+                    self.metric_labels(tp, |l| {
+                        self.metrics.committed_offset.with_label_values(l).set(*offset)
+                    });
+                }
+                for (tp, offset) in &offsets {
+                    self.track_lag(tp, Some(*offset), None);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(component = %self.component, error = %e, "committing offsets failed; the next commit retries")
+            }
+        }
+    }
+
+    /// Reads log-end offsets every commit interval until `cancel`.
+    async fn read_lag(self: Arc<Self>, cancel: CancellationToken) {
+        let period = Duration::from_millis(self.config.offsets_commit_interval_ms);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = self.update_lag() => {}
+            }
+        }
+    }
+
+    /// Log-end offsets and lag (one watermark request per owned partition).
+    async fn update_lag(&self) {
+        let owned: Vec<(TopicPartition, i64)> = {
+            let state = lock(&self.state);
+            state.parts.values().map(|p| (p.tp.clone(), p.offsets.committed())).collect()
+        };
+        for (tp, committed) in owned {
+            if let Ok((_, high)) = self.watermarks(&tp).await {
+                self.metric_labels(&tp, |l| {
+                    self.metrics.log_end_offset.with_label_values(l).set(high);
+                    self.metrics.lag.with_label_values(l).set((high - committed).max(0));
+                });
+                self.track_lag(&tp, None, Some(high));
+            }
+        }
+    }
+}

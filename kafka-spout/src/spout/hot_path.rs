@@ -1,0 +1,273 @@
+//! The executor thread's emitting side: polls librdkafka and emits replays and new messages, in
+//! batches, only while the ownership lease allows (consumer-registry's `lease.rs`).
+
+use std::time::{Duration, Instant};
+
+use cluster_state::coord::LeaseInstant;
+use consumer_registry::Lease;
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::types::RDKafkaErrorCode;
+use std::sync::{Arc, Mutex};
+use worker::{ComponentError, SpoutCollector, Values};
+
+use super::partitions::{Stored, TaskState, lock};
+use crate::context::TaskConsumer;
+use crate::offsets::{MsgId, PartitionOffsets};
+
+/// The executor thread's emitting side: polls librdkafka and emits, only while the ownership
+/// lease allows.
+pub(super) struct HotPath {
+    pub(super) consumer: Arc<TaskConsumer>,
+    pub(super) state: Arc<Mutex<TaskState>>,
+    pub(super) lease: Lease,
+    pub(super) emit_batch: usize,
+    pub(super) max_in_flight: usize,
+    pub(super) max_pending: Option<usize>,
+}
+
+/// Where `next_tuple` puts its tuples: the executor's collector, or a test's list.
+pub(super) trait Emit {
+    fn emit(&mut self, values: Values, msg_id: u64) -> std::result::Result<(), ComponentError>;
+    fn report_error(&mut self, error: String);
+}
+
+impl Emit for SpoutCollector<'_> {
+    fn emit(&mut self, values: Values, msg_id: u64) -> std::result::Result<(), ComponentError> {
+        SpoutCollector::emit(self, values, Some(msg_id))?;
+        Ok(())
+    }
+
+    fn report_error(&mut self, error: String) {
+        SpoutCollector::report_error(self, error);
+    }
+}
+
+impl HotPath {
+    pub(super) fn next_tuple(&mut self, out: &mut impl Emit) -> std::result::Result<(), ComponentError> {
+        // The executor checks `topology.max.spout.pending` before each call; a batch must not
+        // overshoot it by more than itself.
+        let mut budget = self.max_pending.map_or(self.emit_batch, |max| self.emit_batch.min(max.max(1)));
+        // The fence (consumer-registry's lease.rs): one clock read per batch. A process that
+        // was stopped past the lease finds it over here, before it polls anything.
+        let Some(session) = self.lease.valid_session(LeaseInstant::now()) else { return Ok(()) };
+        let mut state = lock(&self.state);
+        if state.paused {
+            return Ok(());
+        }
+        // Every message in flight is kept for its replay: new ones are bounded (and with them
+        // the memory); replays of those already kept are not, or a full window of failures
+        // could never drain.
+        let in_flight: usize = state.parts.values().map(|p| p.offsets.outstanding()).sum();
+        let mut room = self.max_in_flight.saturating_sub(in_flight);
+        // Replays first, oldest due first per partition.
+        let now = Instant::now();
+        for part in state.parts.values_mut() {
+            let fenced = !part.emitting || part.session != session;
+            if fenced || part.offsets.next_replay_at().is_none_or(|at| at > now) {
+                continue;
+            }
+            while budget > 0 {
+                let Some((offset, stored)) = part.offsets.next_replay(now) else { break };
+                let values = stored.values(&part.topic_value, &part.partition_value, offset);
+                if let Some(id) = MsgId::new(part.slot, part.base, offset) {
+                    out.emit(values, id.encode())?;
+                    part.replayed.inc();
+                    budget -= 1;
+                }
+            }
+        }
+        let mut last: Option<(i32, u16)> = None;
+        while budget > 0 && room > 0 {
+            let Some(polled) = self.consumer.poll(Duration::ZERO) else { break };
+            let message = match polled {
+                Ok(m) => m,
+                Err(KafkaError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset)) => {
+                    // librdkafka does not say which partition; its next message tells.
+                    state.resets_pending = state.resets_pending.saturating_add(1).min(1024);
+                    continue;
+                }
+                Err(KafkaError::PartitionEOF(_)) => continue,
+                Err(e) => {
+                    out.report_error(format!("kafka consumer: {e}"));
+                    break;
+                }
+            };
+            let offset = message.offset();
+            let (topic, partition) = (message.topic(), message.partition());
+            let resets_pending = state.resets_pending;
+            // librdkafka hands out a fetched batch of one partition at a time: the previous
+            // message's slot is usually this one's (checked), saving the topic's lookup.
+            let slot = match last {
+                Some((p, slot))
+                    if p == partition
+                        && state.parts.get(&slot).is_some_and(|x| x.tp.topic.as_str() == topic) =>
+                {
+                    slot
+                }
+                _ => match state.slot_of(topic, partition) {
+                    Some(slot) => slot,
+                    None => continue, // fetched before the partition was given up
+                },
+            };
+            last = Some((partition, slot));
+            let Some(part) = state.parts.get_mut(&slot) else { continue };
+            if !part.emitting || part.session != session {
+                // Being revoked, or claimed in an ended session (its replacement starts over
+                // from the committed offset).
+                continue;
+            }
+            let mut slot = slot;
+            if !part.started {
+                part.started = true;
+                part.base = offset;
+                part.offsets = PartitionOffsets::new(offset);
+            } else if offset < part.offsets.next() {
+                // The spout never seeks back: the broker found the fetch offset out of range
+                // and librdkafka reset it by auto.offset.reset to an earlier one.
+                part.out_of_range.inc();
+                tracing::warn!(%topic, partition, from = part.offsets.next(), to = offset, "offset out of range; reset back by auto.offset.reset");
+                state.resets_pending = resets_pending.saturating_sub(1);
+                let Some(new) = state.rebase(topic, partition, offset) else { continue };
+                slot = new;
+                last = Some((partition, slot));
+            } else if offset > part.offsets.next() && resets_pending > 0 {
+                part.out_of_range.inc();
+                tracing::warn!(%topic, partition, from = part.offsets.next(), to = offset, "offset out of range; reset forward by auto.offset.reset");
+                state.resets_pending = resets_pending - 1;
+            }
+            let Some(part) = state.parts.get_mut(&slot) else { continue };
+            let Some(id) = MsgId::new(part.slot, part.base, offset) else {
+                out.report_error(format!(
+                    "kafka {}/{}: offset {offset} is 2^48 past the assignment's start; reassign to go on",
+                    message.topic(),
+                    message.partition()
+                ));
+                continue;
+            };
+            let stored = Stored::new(message.key(), message.payload(), message.timestamp().to_millis());
+            let values = stored.values(&part.topic_value, &part.partition_value, offset);
+            if part.offsets.emit(offset, stored).is_err() {
+                continue;
+            }
+            part.emitted.inc();
+            budget -= 1;
+            room -= 1;
+            out.emit(values, id.encode())?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use crate::config::KafkaSpoutConfig;
+    use crate::context::SpoutContext;
+    use crate::metrics::SpoutMetrics;
+    use cluster_state::coord::SessionId;
+    use cluster_state::ids::{Partition, Topic};
+    use consumer_registry::TopicPartition;
+    use rdkafka::consumer::Consumer as _;
+    use rdkafka::{Offset, TopicPartitionList};
+
+    fn tp(topic: &str, partition: i32) -> TopicPartition {
+        TopicPartition::new(Topic::new(topic).unwrap(), Partition::new(partition).unwrap())
+    }
+
+    /// What a test's `next_tuple` emitted.
+    #[derive(Default)]
+    struct Emitted(Vec<(Values, u64)>);
+
+    impl Emit for Emitted {
+        fn emit(&mut self, values: Values, msg_id: u64) -> std::result::Result<(), ComponentError> {
+            self.0.push((values, msg_id));
+            Ok(())
+        }
+
+        fn report_error(&mut self, error: String) {
+            panic!("unexpected component error: {error}");
+        }
+    }
+
+    /// Calls `next_tuple` until `out` holds `n` tuples (librdkafka fetches on its own threads,
+    /// in real time), within ten seconds.
+    fn emit_until(hot: &mut HotPath, out: &mut Emitted, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while out.0.len() < n {
+            assert!(Instant::now() < deadline, "only {} of {n} tuples emitted", out.0.len());
+            hot.next_tuple(out).unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_emitted_once_the_clock_jumps_past_the_lease() {
+        use rdkafka::mocking::MockCluster;
+        use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+
+        let cluster = MockCluster::new(1).unwrap();
+        cluster.create_topic("t", 1, 1).unwrap();
+        let producer: BaseProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .create()
+            .unwrap();
+        for n in 0..200 {
+            producer.send(BaseRecord::<str, str>::to("t").payload(&n.to_string()).partition(0)).unwrap();
+        }
+        producer.flush(Duration::from_secs(10)).unwrap();
+        let config = KafkaSpoutConfig {
+            bootstrap_servers: cluster.bootstrap_servers(),
+            group_id: "g".into(),
+            ..KafkaSpoutConfig::default()
+        };
+        let consumer: TaskConsumer = config
+            .consumer_config()
+            .create_with_context(SpoutContext { component: "spout".into(), task: 1 })
+            .unwrap();
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset("t", 0, Offset::Beginning).unwrap();
+        consumer.assign(&tpl).unwrap();
+        let metrics = SpoutMetrics::register(&prometheus::Registry::new()).unwrap();
+        let (s1, s2) = (SessionId(1), SessionId(2));
+        let state = Arc::new(Mutex::new(TaskState::default()));
+        lock(&state).insert(tp("t", 0), s1, Some(0), &metrics, "spout");
+        let bound = Duration::from_secs(4);
+        let mut hot = HotPath {
+            consumer: Arc::new(consumer),
+            state,
+            lease: Lease::granted(s1, LeaseInstant::now(), bound),
+            emit_batch: 1,
+            max_in_flight: 1000,
+            max_pending: None,
+        };
+        let mut out = Emitted::default();
+        emit_until(&mut hot, &mut out, 5);
+
+        // The process stops (or stalls) for the whole lease between two calls: nothing more,
+        // though librdkafka has the rest of the partition ready.
+        tokio::time::advance(bound).await;
+        let emitted = out.0.len();
+        for _ in 0..100 {
+            hot.next_tuple(&mut out).unwrap();
+        }
+        assert_eq!(out.0.len(), emitted, "emitted after the lease ran out");
+
+        // Re-validated: emission goes on where it stopped, so the messages were there all along.
+        hot.lease = Lease::granted(s1, LeaseInstant::now(), bound);
+        emit_until(&mut hot, &mut out, emitted + 5);
+        let offsets: Vec<i64> = out.0.iter().map(|(values, _)| values[2].as_int().unwrap()).collect();
+        assert_eq!(offsets, (0..i64::try_from(out.0.len()).unwrap()).collect::<Vec<_>>());
+
+        // A lease of a newer session does not cover a partition claimed in the old one (its
+        // replacement starts over from the committed offset).
+        hot.lease = Lease::granted(s2, LeaseInstant::now(), bound);
+        let emitted = out.0.len();
+        for _ in 0..100 {
+            hot.next_tuple(&mut out).unwrap();
+        }
+        assert_eq!(out.0.len(), emitted, "emitted a partition claimed in an ended session");
+    }
+}
