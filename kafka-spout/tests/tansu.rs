@@ -268,8 +268,19 @@ fn child_worker() {
         pipeline.tag = name.into();
     }
     let _cluster = pipeline.start(name, &prometheus::Registry::new());
-    // Runs until the parent kills it; never longer than the parent waits.
-    std::thread::sleep(WAIT);
+    // Runs until the parent kills it (or dies: `setpriv --pdeathsig KILL`), and stops by itself
+    // after 15 minutes: longer than any story runs (ten pauses take 1-4 minutes).
+    std::thread::sleep(Duration::from_secs(900));
+}
+
+/// Where a child worker's log goes: a file under `SQUALL_E2E_LOG_DIR` when set (to look at a
+/// failure), else nowhere.
+fn child_log(spec: &str) -> Stdio {
+    let Some(dir) = std::env::var_os("SQUALL_E2E_LOG_DIR") else { return Stdio::null() };
+    let name: String =
+        spec.rsplit('|').next().unwrap_or("child").chars().filter(char::is_ascii_alphanumeric).collect();
+    std::fs::File::create(std::path::Path::new(&dir).join(format!("{name}.log")))
+        .map_or_else(|_| Stdio::null(), Stdio::from)
 }
 
 fn start_child(spec: &str) -> Child {
@@ -279,7 +290,7 @@ fn start_child(spec: &str) -> Child {
         .args(["--exact", "child_worker", "--nocapture", "--test-threads", "1"])
         .env("SQUALL_E2E_CHILD", spec)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(child_log(spec))
         .spawn()
         .unwrap()
 }
@@ -371,7 +382,7 @@ fn a_worker_stopped_past_its_session_emits_nothing_it_no_longer_owns() {
     let registry = Zk::connect(&Ensemble::zookeeper(zk.clone()));
     let next = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let producing = produce_paced(tansu.bootstrap(), "in9", 8, 500, next.clone(), stop.clone());
+    let producing = produce_paced(tansu.bootstrap(), "in9", 8, 250, next.clone(), stop.clone());
     let mut a = start_child(&format!("{}|{}|in9|out9|pauseA", tansu.bootstrap(), zk));
     let mut b = start_child(&format!("{}|{}|in9|out9|pauseB", tansu.bootstrap(), zk));
     let owned_by = |owners: &BTreeMap<i32, String>, prefix: &str| -> BTreeSet<i32> {
@@ -422,7 +433,10 @@ fn a_worker_stopped_past_its_session_emits_nothing_it_no_longer_owns() {
         };
         assert!(
             wait_until(WAIT, all_committed),
-            "rep {rep}: everything produced while A was stopped committed"
+            "rep {rep}: everything produced while A was stopped committed: committed {:?}, wanted {:?}, owners {:?}",
+            (0..8).map(|p| registry.committed("g", "in9", p)).collect::<Vec<_>>(),
+            (0..8u64).map(|p| (to + 7 - p) / 8).collect::<Vec<_>>(),
+            registry.owners("g", "in9")
         );
     }
     stop.store(true, Ordering::Relaxed);
