@@ -9,7 +9,7 @@
 //! - Session loss: the [`Lease`] is the fence (see `lease.rs` for the rule and its timing
 //!   argument). The caller emits from a partition only while the lease of the session that
 //!   claimed it is fresh: the server confirmed the session less than 2/3 of its timeout ago, on
-//!   a clock that keeps running while the process is stopped. A [`Keeper`] task renews it and
+//!   a clock that keeps running while the process is stopped. A keeper task (`lease.rs`) renews it and
 //!   re-validates ownership after it ran out. [`MemberEvent::Paused`] on a disconnect stops the
 //!   caller earlier still. The member waits for the server's verdict on a disconnected session
 //!   (a restarted ZooKeeper restores sessions): once the server says it is gone, the member
