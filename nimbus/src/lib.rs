@@ -1,12 +1,15 @@
 //! Nimbus: the cluster's master.
 //!
-//! It owns (issue "nimbus and supervisor"): topology submission and code storage
+//! It owns topology submission and code storage
 //! under `stormdist/<topology-id>`, the topology state machine (active, inactive, rebalancing,
 //! killed) with delayed transitions that survive a restart, the even scheduler as a pure
 //! function, the heartbeat monitor that reassigns dead executors, and the HTTP/JSON API shaped
 //! like Storm's UI REST API. It keeps no state of its own beyond ZooKeeper and its code dir.
 //!
-//! Layout so far:
+//! Layout:
+//! - [`assigner`]: the one writer of `/assignments`: submit (install the code, write the topology
+//!   and its first assignment), the monitor pass that reassigns dead executors (Storm's
+//!   `mk-assignments`), and the rescheduling a due rebalance asks for.
 //! - [`code_store`]: `stormdist/<topology-id>` and chunked uploads (begin / chunk / finish /
 //!   install), with ids from clients validated so none becomes a path.
 //! - [`daemon`]: [`NimbusConfig`] (Storm's key names) and the [`run`] / [`serve`] entries that
@@ -22,9 +25,6 @@
 //!   a killed topology (and of orphans), the deadline timers that a restarted nimbus re-arms
 //!   from ZooKeeper, and the `Rescheduler` hook a due rebalance needs (filled by submit).
 //! - [`views`]: the read side of the HTTP API (Storm UI's summaries) as pure functions.
-//!
-//! Not here yet (needs the topology definition from `worker`): submit, the monitor loop that
-//! reassigns dead executors, and a `Rescheduler` that computes assignments.
 
 pub mod assigner;
 pub mod code_store;

@@ -1,18 +1,19 @@
 //! The supervisor: one per machine, turning assignments into running worker processes.
 //!
-//! This crate will own (issue "nimbus and supervisor"): the durable local state and stable
+//! It owns the durable local state and stable
 //! supervisor id, the ephemeral registration under `/storm/supervisors`, the sync task
 //! (assignments to local assignment, code download and cleanup) and the process task (worker
 //! heartbeats versus local assignment: kill, start, adopt). Workers are launched through a trait
 //! so `squall local` can run them in-process; this crate never depends on `worker`.
 //!
-//! Layout so far:
+//! Layout:
 //! - [`code_sync`]: topology code downloaded from nimbus into `stormdist/<id>`, checksum-checked,
 //!   installed atomically, removed when stale.
 //! - [`daemon`]: [`daemon::SupervisorConfig`] (Storm's keys) and [`daemon::run`], wiring
 //!   registration, assignment sync, code sync and the process task together.
 //! - [`launch`]: the [`launch::Launcher`] trait and the process launcher (no shell, own
 //!   process group and log file, TERM then KILL, adoption by pid after a restart).
+//! - [`metrics`]: `squall_supervisor_*` (workers running, launches, kills, slots).
 //! - [`local_state`]: the durable local state file (atomic replace, checksummed, corruption
 //!   reported, never a crash).
 //! - [`process_task`]: the process task: heartbeats -> plan -> launcher actions, recorded in the

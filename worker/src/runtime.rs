@@ -238,7 +238,8 @@ pub fn local_placement(layout: &TaskLayout, workers: u32) -> BTreeMap<ExecutorId
 }
 
 /// A whole topology running in this process: `topology.workers` virtual workers whose
-/// executors pass tuples without serialisation (used by `squall local` and tests).
+/// executors pass tuples without serialisation (used by tests, benchmarks and embedders;
+/// `squall local` instead runs real worker sessions through the supervisor's in-process launcher).
 #[derive(Debug)]
 pub struct LocalCluster {
     runtime: WorkerRuntime,
