@@ -236,6 +236,9 @@ impl Assigner {
 
     /// Reads the cluster and writes every assignment that changes. `scratch` is a topology
     /// being rebalanced, with the base it is rebalanced to: all its executors move.
+    // Over 100 lines on purpose: Storm's `mk-assignments` read top to bottom (read, decide with
+    // the pure scheduler, write only what changed) under the assigner's one lock; the
+    // decisions themselves are the pure functions it calls.
     async fn pass(
         &self,
         memory: &mut Memory,

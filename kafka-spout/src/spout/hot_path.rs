@@ -44,6 +44,9 @@ impl Emit for SpoutCollector<'_> {
 }
 
 impl HotPath {
+    // Over 100 lines on purpose: the spout's per-message path (replays, then polled messages,
+    // with the out-of-range resets librdkafka reports) in one frame under one lock, which the
+    // throughput benchmark measures; `Stored`, `MsgId` and `PartitionOffsets` hold the logic.
     pub(super) fn next_tuple(&mut self, out: &mut impl Emit) -> std::result::Result<(), ComponentError> {
         // The executor checks `topology.max.spout.pending` before each call; a batch must not
         // overshoot it by more than itself.
