@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cluster_state::coord::{Ensemble, SessionOptions};
 use cluster_state::ids::{GroupId, Partition, SnapshotName, Topic};
@@ -235,14 +235,16 @@ impl Kafka {
 
     /// `(earliest, log end)` of each partition, one request each; progress on stderr when it
     /// takes more than a second (hundreds of partitions, a slow broker).
+    // Synchronous code timing blocking broker calls for a progress line: std's clock is right.
+    #[allow(clippy::disallowed_types)]
     fn ranges(&self, tps: &[TopicPartition]) -> Result<BTreeMap<TopicPartition, (i64, i64)>, String> {
-        let started = Instant::now();
+        let started = std::time::Instant::now();
         let mut reported = started;
         let mut out = BTreeMap::new();
         for (i, tp) in tps.iter().enumerate() {
             out.insert(tp.clone(), self.range(tp)?);
             if reported.elapsed() >= Duration::from_secs(1) {
-                reported = Instant::now();
+                reported = std::time::Instant::now();
                 eprintln!(
                     "reading offsets from Kafka at {}: {}/{} partitions",
                     self.brokers,
@@ -499,9 +501,7 @@ async fn snapshot(
     let name = SnapshotName::new(name).map_err(|e| format!("--name: {e}"))?;
     let topic = topic.map(topic_of).transpose()?;
     let session = session(connection).await?;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let now_ms = cluster_state::clock::now_millis();
     let taken = Admin::new(&session, connection.paths()?)
         .snapshot(&group, &name, topic.as_ref(), now_ms)
         .await

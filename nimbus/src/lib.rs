@@ -26,6 +26,9 @@
 //! Not here yet (needs the topology definition from `worker`): submit, the monitor loop that
 //! reassigns dead executors, and a `Rescheduler` that computes assignments.
 
+// Async code: `tokio::time::Instant`, never std's (see clippy.toml).
+#![deny(clippy::disallowed_types)]
+
 pub mod assigner;
 pub mod code_store;
 pub mod daemon;
