@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use cluster_state::coord::Ensemble;
+use cluster_state::signal::run_until_signal;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ClusterConfig;
@@ -44,25 +45,6 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("cannot start: {e}"))
 }
 
-/// Cancels `token` on SIGTERM or Ctrl-C.
-fn stop_on_signal(token: CancellationToken) {
-    tokio::spawn(async move {
-        let terminate = async {
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(mut signal) => {
-                    signal.recv().await;
-                }
-                Err(_) => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            () = terminate => {}
-        }
-        token.cancel();
-    });
-}
-
 /// `squall supervisor`.
 pub fn supervisor(args: DaemonArgs) -> Result<(), String> {
     let (file, zookeeper) = args.load()?;
@@ -72,19 +54,12 @@ pub fn supervisor(args: DaemonArgs) -> Result<(), String> {
     let program = supervisor::daemon::WorkerProgram { squall, zookeeper: Some(zookeeper.clone()) };
     runtime()?.block_on(async {
         let shutdown = CancellationToken::new();
-        stop_on_signal(shutdown.clone());
         let launcher = Arc::new(supervisor::launch::ProcessLauncher::new());
         let registry = prometheus::Registry::new();
-        supervisor::daemon::run(
-            config,
-            Ensemble::zookeeper(zookeeper),
-            launcher,
-            program,
-            &registry,
-            shutdown,
-        )
-        .await
-        .map_err(|e| e.to_string())
+        let ensemble = Ensemble::zookeeper(zookeeper);
+        let supervisor =
+            supervisor::daemon::run(config, ensemble, launcher, program, &registry, shutdown.clone());
+        run_until_signal(shutdown, supervisor).await.map_err(|e| e.to_string())
     })
 }
 
@@ -94,10 +69,8 @@ pub fn nimbus(args: DaemonArgs) -> Result<(), String> {
     let config = file.nimbus()?;
     runtime()?.block_on(async {
         let shutdown = CancellationToken::new();
-        stop_on_signal(shutdown.clone());
         let registry = prometheus::Registry::new();
-        nimbus::run(config, Ensemble::zookeeper(zookeeper), &registry, shutdown)
-            .await
-            .map_err(|e| e.to_string())
+        let nimbus = nimbus::run(config, Ensemble::zookeeper(zookeeper), &registry, shutdown.clone());
+        run_until_signal(shutdown, nimbus).await.map_err(|e| e.to_string())
     })
 }

@@ -16,9 +16,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cluster_state::coord::{Ensemble, Session, SessionOptions};
 use cluster_state::ids::TopologyId;
@@ -26,7 +27,9 @@ use cluster_state::layout::TaskLayout;
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{ExecutorStats, WorkerHeartbeat};
 use supervisor::launch::{LaunchError, Launcher, WorkerSpec};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use worker::Registry;
 
 use cluster_state::api::{SubmitTopology, UploadId};
@@ -169,7 +172,8 @@ fn fill_brokers(
 /// librdkafka's mock cluster, with the spout topics fed sample sentences while it lives.
 struct EmbeddedKafka {
     cluster: rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
-    stop: Arc<AtomicBool>,
+    /// Dropped to stop the feeder, which waits on it between sentences.
+    stop: Option<std::sync::mpsc::Sender<()>>,
     feeder: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -195,8 +199,8 @@ impl EmbeddedKafka {
             .create()
             .map_err(|e| format!("embedded Kafka: cannot create a producer: {e}"))?;
         let topics = spout_topics.to_vec();
-        let stop = Arc::new(AtomicBool::new(false));
-        let feeding = stop.clone();
+        // A thread, not a task: librdkafka's producer calls block.
+        let (stop, feeding) = std::sync::mpsc::channel::<()>();
         let feeder = std::thread::Builder::new()
             .name("embedded-kafka-feed".into())
             .spawn(move || {
@@ -211,21 +215,21 @@ impl EmbeddedKafka {
                 (0..SEED_SENTENCES).for_each(send);
                 let _ = producer.flush(Duration::from_secs(10));
                 let mut k = SEED_SENTENCES;
-                while !feeding.load(Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(1000 / FEED_PER_SEC));
+                let period = Duration::from_millis(1000 / FEED_PER_SEC);
+                while let Err(RecvTimeoutError::Timeout) = feeding.recv_timeout(period) {
                     send(k);
                     k += 1;
                 }
                 let _ = producer.flush(Duration::from_secs(5));
             })
             .map_err(|e| format!("embedded Kafka: cannot start the feeder: {e}"))?;
-        Ok(EmbeddedKafka { cluster, stop, feeder: Some(feeder) })
+        Ok(EmbeddedKafka { cluster, stop: Some(stop), feeder: Some(feeder) })
     }
 }
 
 impl Drop for EmbeddedKafka {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.take();
         if let Some(feeder) = self.feeder.take() {
             let _ = feeder.join();
         }
@@ -241,7 +245,10 @@ pub struct InProcessLauncher {
     ensemble: Ensemble,
     runtime: tokio::runtime::Handle,
     next_pid: AtomicU32,
-    workers: Mutex<HashMap<u32, (CancellationToken, Arc<AtomicBool>)>>,
+    /// Per worker: its stop, and a token cancelled once its task has ended.
+    workers: Mutex<HashMap<u32, (CancellationToken, CancellationToken)>>,
+    /// Every worker task, for [`InProcessLauncher::stop_all`].
+    tasks: TaskTracker,
 }
 
 impl std::fmt::Debug for InProcessLauncher {
@@ -258,27 +265,21 @@ impl InProcessLauncher {
             runtime,
             next_pid: AtomicU32::new(1),
             workers: Mutex::new(HashMap::new()),
+            tasks: TaskTracker::new(),
         }
     }
 
-    fn workers(&self) -> std::sync::MutexGuard<'_, HashMap<u32, (CancellationToken, Arc<AtomicBool>)>> {
+    fn workers(&self) -> std::sync::MutexGuard<'_, HashMap<u32, (CancellationToken, CancellationToken)>> {
         self.workers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Stops every worker and waits (bounded) until they have finished.
     pub async fn stop_all(&self, within: Duration) {
-        let running: Vec<Arc<AtomicBool>> = self
-            .workers()
-            .values()
-            .map(|(stop, done)| {
-                stop.cancel();
-                done.clone()
-            })
-            .collect();
-        let deadline = tokio::time::Instant::now() + within;
-        while running.iter().any(|d| !d.load(Ordering::Acquire)) && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        for (stop, _) in self.workers().values() {
+            stop.cancel();
         }
+        self.tasks.close();
+        let _ = tokio::time::timeout(within, self.tasks.wait()).await;
     }
 }
 
@@ -295,25 +296,29 @@ impl Launcher for InProcessLauncher {
         config.zk_heartbeat_frequency_secs = 1;
         config.shutdown_drain_ms = DRAIN.as_millis() as u64 / 2;
         let pid = self.next_pid.fetch_add(1, Ordering::Relaxed);
-        let (stop, done) = (CancellationToken::new(), Arc::new(AtomicBool::new(false)));
+        let (stop, done) = (CancellationToken::new(), CancellationToken::new());
         self.workers().insert(pid, (stop.clone(), done.clone()));
         let ensemble = self.ensemble.clone();
         let worker_id = spec.worker_id();
-        self.runtime.spawn(async move {
-            // Each worker its own registry: the same metric names, one set per worker.
-            let metrics = prometheus::Registry::new();
-            if let Err(e) =
-                worker::process::run(args, config, topology, ensemble, paths, &metrics, stop).await
-            {
-                tracing::warn!(worker = %worker_id, "worker stopped: {e}");
-            }
-            done.store(true, Ordering::Release);
-        });
+        self.tasks.spawn_on(
+            async move {
+                // Ended, however it ends (a panicking worker too).
+                let _done = done.drop_guard();
+                // Each worker its own registry: the same metric names, one set per worker.
+                let metrics = prometheus::Registry::new();
+                if let Err(e) =
+                    worker::process::run(args, config, topology, ensemble, paths, &metrics, stop).await
+                {
+                    tracing::warn!(worker = %worker_id, "worker stopped: {e}");
+                }
+            },
+            &self.runtime,
+        );
         Ok(pid)
     }
 
     fn is_running(&self, pid: u32) -> bool {
-        self.workers().get(&pid).is_some_and(|(_, done)| !done.load(Ordering::Acquire))
+        self.workers().get(&pid).is_some_and(|(_, done)| !done.is_cancelled())
     }
 
     fn terminate(&self, pid: u32) -> Result<(), LaunchError> {
@@ -476,11 +481,6 @@ async fn run_cluster(
         http_host: "127.0.0.1".into(),
         ..Default::default()
     };
-    let metrics = prometheus::Registry::new();
-    let nimbus = tokio::spawn({
-        let (ensemble, shutdown) = (ensemble.clone(), shutdown.clone());
-        async move { nimbus::serve(nimbus_config, listener, ensemble, &metrics, shutdown).await }
-    });
     let supervisor_config = supervisor::daemon::SupervisorConfig {
         local_dir: dir.join("supervisor"),
         slots_ports: free_ports(workers)?,
@@ -497,6 +497,12 @@ async fn run_cluster(
         squall: std::env::current_exe().map_err(|e| format!("cannot find the squall executable: {e}"))?,
         zookeeper: cmd.zookeeper.clone(),
     };
+    // Spawned once nothing can fail before the awaits below.
+    let metrics = prometheus::Registry::new();
+    let nimbus = tokio::spawn({
+        let (ensemble, shutdown) = (ensemble.clone(), shutdown.clone());
+        async move { nimbus::serve(nimbus_config, listener, ensemble, &metrics, shutdown).await }
+    });
     let supervisor = tokio::spawn({
         let (ensemble, launcher, shutdown) = (ensemble.clone(), launcher.clone(), shutdown.clone());
         async move {
@@ -526,15 +532,14 @@ async fn run_cluster(
             }
         };
         tokio::pin!(stop);
-        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let mut signalled = std::pin::pin!(cluster_state::signal::terminate_requested());
         let period = Duration::from_secs(cmd.progress.max(1));
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        let mut tick = tokio::time::interval_at(Instant::now() + period, period);
         let (mut before, mut last) = (BTreeMap::new(), Instant::now());
         loop {
             tokio::select! {
                 () = &mut stop => break,
-                _ = tokio::signal::ctrl_c() => break,
-                Some(()) = async { match terminate.as_mut() { Some(t) => t.recv().await, None => None } } => break,
+                () = &mut signalled => break,
                 _ = tick.tick() => {
                     if cmd.progress > 0 {
                         let now = read_totals(&session, &paths, &id, layout, components).await;

@@ -5,6 +5,9 @@
 //! ([`ops`]): `submit`, `list`, `kill`, `activate`, `deactivate`, `rebalance`, `errors`; and
 //! `offsets` ([`offsets`]) for consumer groups.
 
+// Async code: `tokio::time::Instant`, never std's (see clippy.toml).
+#![deny(clippy::disallowed_types)]
+
 mod config;
 mod daemons;
 mod local;

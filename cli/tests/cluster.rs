@@ -21,6 +21,7 @@ use cluster_state::ids::{ExecutorId, SupervisorId, TopologyId, WorkerSlot};
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{Assignment, SupervisorInfo, WorkerHeartbeat};
 use test_harness::ZkServer;
+use test_harness::eventually;
 
 const SQUALL: &str = env!("CARGO_BIN_EXE_squall");
 
@@ -33,15 +34,6 @@ mod traffic;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Polls `check` every 200 ms until it gives a value, for at most `secs`.
-async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
-    secs: u64,
-    what: &str,
-    check: impl FnMut() -> F,
-) -> T {
-    test_harness::eventually(Duration::from_secs(secs), what, check).await
 }
 
 fn pids_mentioning(marker: &str) -> Vec<i32> {
@@ -213,9 +205,11 @@ async fn flowing(session: &Session, id: &TopologyId, what: &str) -> Assignment {
         m
     };
     for (slot, was) in &before {
-        eventually(90, &format!("{what}: the worker on port {} to ack tuples", slot.port), || async {
-            (acked(session, id, slot).await > *was).then_some(())
-        })
+        eventually(
+            Duration::from_secs(90),
+            &format!("{what}: the worker on port {} to ack tuples", slot.port),
+            || async { (acked(session, id, slot).await > *was).then_some(()) },
+        )
         .await;
     }
     a
@@ -223,7 +217,7 @@ async fn flowing(session: &Session, id: &TopologyId, what: &str) -> Assignment {
 
 /// The supervisor ids, by their first port.
 async fn supervisors(session: &Session, count: usize) -> BTreeMap<u16, SupervisorId> {
-    eventually(60, "the supervisors to register", || async {
+    eventually(Duration::from_secs(60), "the supervisors to register", || async {
         let paths = StormPaths::default();
         let mut found = BTreeMap::new();
         for child in session.children(&paths.supervisors_dir()).await.ok()? {
@@ -279,7 +273,7 @@ async fn a_cluster_runs_recovers_rebalances_and_kills_across_a_nimbus_restart() 
             .unwrap();
     let file = cluster.dir("wordcount.yaml");
     std::fs::write(&file, example.replace("topology.workers: 2", "topology.workers: 4")).unwrap();
-    let submitted = eventually(60, "nimbus to take the submit", || async {
+    let submitted = eventually(Duration::from_secs(60), "nimbus to take the submit", || async {
         let out = cluster.squall(&["submit", file.to_str().unwrap()]);
         out.status.success().then(|| text(&out))
     })
@@ -287,7 +281,7 @@ async fn a_cluster_runs_recovers_rebalances_and_kills_across_a_nimbus_restart() 
     assert!(session.children(&paths.storms_dir()).await.unwrap().len() == 1, "the bad file wrote nothing");
     let id: TopologyId =
         submitted.split(" as ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
-    let first = eventually(60, "an assignment over 4 slots", || async {
+    let first = eventually(Duration::from_secs(60), "an assignment over 4 slots", || async {
         assignment(&session, &id).await.filter(|a| a.slots().len() == 4)
     })
     .await;
@@ -309,7 +303,7 @@ async fn a_cluster_runs_recovers_rebalances_and_kills_across_a_nimbus_restart() 
     let a_local = cluster.dir("sup-a");
     let victim = worker_dirs(&a_local).into_iter().next().unwrap();
     assert!(kill9(&victim) > 0, "worker {victim} was running");
-    eventually(60, "supervisor A to replace the killed worker", || async {
+    eventually(Duration::from_secs(60), "supervisor A to replace the killed worker", || async {
         let dirs = worker_dirs(&a_local);
         (!dirs.contains(&victim) && dirs.len() == 2).then_some(())
     })
@@ -319,7 +313,7 @@ async fn a_cluster_runs_recovers_rebalances_and_kills_across_a_nimbus_restart() 
     // Rebalance to 2 workers: the topology keeps running, on one slot per supervisor.
     let out = cluster.squall(&["rebalance", "wordcount", "-w", "1", "-n", "2"]);
     assert!(out.status.success(), "{}", text(&out));
-    let two = eventually(60, "the rebalance to 2 workers", || async {
+    let two = eventually(Duration::from_secs(60), "the rebalance to 2 workers", || async {
         assignment(&session, &id).await.filter(|a| a.slots().len() == 2)
     })
     .await;
@@ -331,7 +325,7 @@ async fn a_cluster_runs_recovers_rebalances_and_kills_across_a_nimbus_restart() 
     // executors move, to A's free slot; A's executors keep their slot and start time.
     let killed = kill9(&cluster.dir("sup-b").display().to_string());
     assert!(killed >= 2, "supervisor B and its worker were running ({killed} processes)");
-    let moved = eventually(60, "B's executors to move to A", || async {
+    let moved = eventually(Duration::from_secs(60), "B's executors to move to A", || async {
         assignment(&session, &id).await.filter(|a| on(a, &sup_b).is_empty())
     })
     .await;
@@ -350,7 +344,7 @@ async fn a_cluster_runs_recovers_rebalances_and_kills_across_a_nimbus_restart() 
     cluster.start_nimbus();
     let nimbus_code = cluster.dir("nimbus").join("nimbus/stormdist").join(id.as_str());
     let supervisor_code = a_local.join("stormdist").join(id.as_str());
-    eventually(60, "every trace of the topology to go", || async {
+    eventually(Duration::from_secs(60), "every trace of the topology to go", || async {
         let gone = |p: String| {
             let session = &session;
             async move { session.exists(&p).await.unwrap().is_none() }
@@ -410,7 +404,7 @@ async fn the_deploy_script_starts_and_stops_a_cluster() {
     let _stop = Stop(&run);
     assert!(started.contains("started nimbus") && started.contains("started supervisor-b"), "{started}");
     let nimbus = format!("127.0.0.1:{nimbus_port}");
-    eventually(60, "two supervisors in the cluster summary", || async {
+    eventually(Duration::from_secs(60), "two supervisors in the cluster summary", || async {
         let out = Command::new(SQUALL).args(["list", "--nimbus", &nimbus]).output().unwrap();
         let client = squall_summary(&nimbus).await?;
         (out.status.success() && client.contains("\"supervisors\":2")).then_some(())
@@ -420,7 +414,7 @@ async fn the_deploy_script_starts_and_stops_a_cluster() {
     drop(_stop);
     let status = run("status");
     assert!(status.contains("nimbus: stopped") && status.contains("zookeeper: stopped"), "{status}");
-    eventually(10, "every process of the cluster to exit", || async {
+    eventually(Duration::from_secs(10), "every process of the cluster to exit", || async {
         pids_mentioning(&marker).is_empty().then_some(())
     })
     .await;
@@ -524,14 +518,14 @@ async fn prometheus_finds_every_process_and_every_dashboard_query_has_data() {
         ),
     )
     .unwrap();
-    let submitted = eventually(60, "nimbus to take the submit", || async {
+    let submitted = eventually(Duration::from_secs(60), "nimbus to take the submit", || async {
         let out = cluster.squall(&["submit", topology.to_str().unwrap()]);
         out.status.success().then(|| text(&out))
     })
     .await;
     let id: TopologyId =
         submitted.split(" as ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
-    eventually(60, "both workers", || async {
+    eventually(Duration::from_secs(60), "both workers", || async {
         assignment(&session, &id).await.filter(|a| a.slots().len() == 2)
     })
     .await;
@@ -567,7 +561,7 @@ async fn prometheus_finds_every_process_and_every_dashboard_query_has_data() {
     cluster.children.push(child);
 
     // Discovery: nimbus, two supervisors and two workers, all scraped and up.
-    let targets = eventually(90, "Prometheus to scrape 5 targets, all up", || async {
+    let targets = eventually(Duration::from_secs(90), "Prometheus to scrape 5 targets, all up", || async {
         let reply = prometheus_get(&prometheus, "/api/v1/targets?state=active").await?;
         let active = reply["data"]["activeTargets"].as_array()?.clone();
         let up = active.iter().filter(|t| t["health"] == "up").count();
@@ -580,7 +574,7 @@ async fn prometheus_finds_every_process_and_every_dashboard_query_has_data() {
 
     // Every query of every dashboard panel returns at least one series.
     for (panel, query) in dashboard_queries() {
-        eventually(90, &format!("panel {panel:?}: {query}"), || async {
+        eventually(Duration::from_secs(90), &format!("panel {panel:?}: {query}"), || async {
             let reply =
                 prometheus_get(&prometheus, &format!("/api/v1/query?query={}", encode(&query))).await?;
             let series = reply["data"]["result"].as_array()?.len();
@@ -597,7 +591,7 @@ async fn prometheus_finds_every_process_and_every_dashboard_query_has_data() {
         let inner = definition.strip_prefix("label_values(").and_then(|d| d.strip_suffix(')')).unwrap();
         let (metric, label) = inner.split_once(", ").unwrap();
         let path = format!("/api/v1/label/{label}/values?match[]={}", encode(metric));
-        eventually(60, &format!("values of variable {}", variable["name"]), || async {
+        eventually(Duration::from_secs(60), &format!("values of variable {}", variable["name"]), || async {
             let reply = prometheus_get(&prometheus, &path).await?;
             (!reply["data"].as_array()?.is_empty()).then_some(())
         })
@@ -689,7 +683,7 @@ async fn kafka_partitions_keep_flowing_when_a_supervisor_dies_with_its_workers()
     assert!(out.status.success(), "submit: {}", text(&out));
     // Flowing from every partition, with executors on both supervisors.
     let flowing_since = std::time::Instant::now();
-    eventually(120, "output from every input partition", || async {
+    eventually(Duration::from_secs(120), "output from every input partition", || async {
         let recent: BTreeSet<u64> = seen
             .lock()
             .unwrap()
@@ -709,14 +703,14 @@ async fn kafka_partitions_keep_flowing_when_a_supervisor_dies_with_its_workers()
     assert!(killed >= 2, "supervisor B and its workers were running ({killed} processes)");
     let killed_at = std::time::Instant::now();
     // Everything moves to A, and the restarted tasks take their partitions back.
-    eventually(90, "B's executors to move to A", || async {
+    eventually(Duration::from_secs(90), "B's executors to move to A", || async {
         let a = assignment(&session, &id).await?;
         on(&a, &sup_b).is_empty().then_some(())
     })
     .await;
     // Watch the flow for long enough to see the hand-back: the window the bound is about.
     let window = Duration::from_secs(SUPERVISOR_TIMEOUT_SECS + 30);
-    eventually(120, "the observation window to pass", || async {
+    eventually(Duration::from_secs(120), "the observation window to pass", || async {
         (killed_at.elapsed() >= window).then_some(())
     })
     .await;

@@ -4,7 +4,7 @@
 //! the flow resumes; SIGTERM-free cleanup is the test's.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cluster_state::coord::{CreateMode, Ensemble, Session, SessionOptions};
 use cluster_state::ids::{ComponentId, SupervisorId, TopologyId, TopologyName, WorkerSlot};
@@ -13,6 +13,7 @@ use cluster_state::znode::{
     Assignment, ExecutorAssignment, StormBase, TopologyStatus, WorkerHeartbeat, ZnodeData,
 };
 use test_harness::ZkServer;
+use test_harness::eventually_true;
 use worker::layout::TaskLayout;
 
 const TOPOLOGY: &str = r#"
@@ -96,18 +97,6 @@ async fn spout_acked(
     }
 }
 
-async fn wait_for<F, Fut>(secs: u64, what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out after {secs} s waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_worker_processes_resume_after_one_is_killed_and_restarted() {
     let connect = ZkServer::shared().chroot("two_worker_processes").await;
@@ -163,7 +152,7 @@ async fn two_worker_processes_resume_after_one_is_killed_and_restarted() {
 
     let _a = launch(&connect, &id, &spout_slot, &file, dir.path());
     let b = launch(&connect, &id, &other, &file, dir.path());
-    wait_for(90, "200 sentences acked across two worker processes", || async {
+    eventually_true(Duration::from_secs(90), "200 sentences acked across two worker processes", || async {
         spout_acked(&s, &paths, &id, &spout_slot, &layout).await >= 200
     })
     .await;
@@ -172,7 +161,7 @@ async fn two_worker_processes_resume_after_one_is_killed_and_restarted() {
     drop(b);
     let before = spout_acked(&s, &paths, &id, &spout_slot, &layout).await;
     let _b = launch(&connect, &id, &other, &file, dir.path());
-    wait_for(90, "the flow to resume after the restart", || async {
+    eventually_true(Duration::from_secs(90), "the flow to resume after the restart", || async {
         spout_acked(&s, &paths, &id, &spout_slot, &layout).await >= before + 500
     })
     .await;

@@ -16,22 +16,33 @@
 //!   Flux YAML without resolving classes (what nimbus schedules with).
 //! - [`metrics`]: the `/metrics` endpoint every process serves, and the coordination client's
 //!   metrics (request latency, session state).
+//! - [`http`]: the one HTTP accept loop (nimbus's API, `/metrics`): every connection a
+//!   tracked task, drained on shutdown.
+//! - [`signal`]: SIGTERM / Ctrl-C as a shutdown: `run_until_signal(token, run)`.
 //! - [`api`]: nimbus's HTTP/JSON API as a wire format: routes (the one place `/api/v1` is
 //!   spelled), request and response bodies with Storm UI's keys, the upload id, the checksum
 //!   header. Golden-tested like the znodes.
 //! - [`launch`]: the worker's command line as a wire format ([`launch::WorkerLaunch`]): what
 //!   a supervisor gives a worker, written and read in one place, round-trip and golden tested.
+//! - [`clock`]: wall-clock time since the epoch (`now_secs`, `now_millis`), the one place
+//!   timestamps that other processes read are taken.
 //! - [`coord`]: the coordination client every other crate uses, with two backends of the same
 //!   semantics: real ZooKeeper (`zookeeper-client`) and an in-memory ensemble for
 //!   `squall local` and fast tests. One conformance suite holds both to the same behaviour.
 
+// Async code: `tokio::time::Instant`, never std's (see clippy.toml).
+#![deny(clippy::disallowed_types)]
+
 pub mod api;
+pub mod clock;
 pub mod code;
 pub mod coord;
+pub mod http;
 pub mod ids;
 pub mod launch;
 pub mod layout;
 pub mod metrics;
 pub mod paths;
+pub mod signal;
 pub mod structure;
 pub mod znode;

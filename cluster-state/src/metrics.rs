@@ -12,7 +12,6 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
@@ -20,6 +19,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::coord::{Session, SessionState};
+use crate::http::ServeOptions;
 
 /// The text exposition of `registry` (what `/metrics` answers).
 pub fn encode(registry: &Registry) -> Vec<u8> {
@@ -52,39 +52,17 @@ pub fn respond(registry: &Registry, method: &Method, path: &str) -> Response<Ful
     response
 }
 
-/// Serves `/metrics` on `listener` until `cancel`.
+/// Serves `/metrics` on `listener` until `cancel`, then drains its connections (see
+/// [`crate::http::serve`]).
 pub async fn serve(listener: TcpListener, registry: Registry, cancel: CancellationToken) {
     let registry = Arc::new(registry);
-    loop {
-        let accepted = tokio::select! {
-            _ = cancel.cancelled() => return,
-            accepted = listener.accept() => accepted,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                tracing::warn!("metrics endpoint: accepting failed: {e}");
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
-                }
-            }
-        };
-        let registry = registry.clone();
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-                let response = respond(&registry, request.method(), request.uri().path());
-                async move { Ok::<_, Infallible>(response) }
-            });
-            let connection =
-                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                _ = connection => {}
-                _ = cancel.cancelled() => {}
-            }
-        });
-    }
+    let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+        let response = respond(&registry, request.method(), request.uri().path());
+        async move { Ok::<_, Infallible>(response) }
+    });
+    // hyper's default header timeout: a scrape sends its headers at once.
+    let options = ServeOptions { name: "metrics", header_read_timeout: Duration::from_secs(30) };
+    crate::http::serve(listener, service, options, cancel).await;
 }
 
 /// The coordination client's metrics: request latency by operation, failures by operation,
@@ -224,7 +202,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let cancel = CancellationToken::new();
-        tokio::spawn(serve(listener, registry, cancel.clone()));
+        let server = tokio::spawn(serve(listener, registry, cancel.clone()));
         let page = get(addr, "/metrics").await;
         assert!(page.starts_with("HTTP/1.0 200") || page.starts_with("HTTP/1.1 200"), "{page}");
         assert!(page.contains("squall_zookeeper_request_duration_seconds_count{op=\"create\"} 2"), "{page}");
@@ -233,5 +211,6 @@ mod tests {
         assert!(page.contains("squall_zookeeper_session_state{state=\"expired\"} 0"), "{page}");
         assert!(get(addr, "/other").await.contains(" 404 "));
         cancel.cancel();
+        tokio::time::timeout(std::time::Duration::from_secs(5), server).await.unwrap().unwrap();
     }
 }

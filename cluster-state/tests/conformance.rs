@@ -9,7 +9,6 @@
 // Tests report failures by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -18,7 +17,7 @@ use cluster_state::coord::{
     SessionState, Watch, WatchEvent,
 };
 use cluster_state::znode::{OffsetData, StormBase, ZnodeData};
-use test_harness::{TcpRelay, ZkServer};
+use test_harness::{TcpRelay, ZkServer, eventually};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -108,15 +107,6 @@ async fn zookeeper(test: &str) -> Fixture {
     Fixture::ZooKeeper { ensemble, direct: Ensemble::zookeeper(direct), relay }
 }
 
-/// Polls `check` until it returns `Some`, failing the test at the deadline.
-async fn eventually<T, F, Fut>(what: &str, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    test_harness::eventually(DEADLINE, what, check).await
-}
-
 async fn fired(watch: Watch) -> WatchEvent {
     tokio::time::timeout(DEADLINE, watch).await.expect("watch did not fire in time")
 }
@@ -145,6 +135,7 @@ macro_rules! conformance {
 conformance! {
     create_read_update_delete,
     create_with_parents_and_delete_recursive,
+    set_or_create_and_children_or_empty,
     compare_and_set_conflicts,
     sequential_nodes_are_numbered_in_order,
     ephemerals_go_when_their_session_closes,
@@ -229,6 +220,22 @@ mod cases {
         assert_eq!(s.exists("/a").await.unwrap(), None);
         assert_eq!(s.delete("/a", None).await.unwrap_err(), Error::NoNode { path: "/a".into() });
         assert_eq!(s.children("/a").await.unwrap_err(), Error::NoNode { path: "/a".into() });
+    }
+
+    pub async fn set_or_create_and_children_or_empty(f: Fixture) {
+        let s = f.connect().await;
+        assert_eq!(s.children_or_empty("/d").await.unwrap(), Vec::<String>::new(), "missing: no children");
+        s.set_or_create("/d/e/f", b"one").await.unwrap();
+        assert_eq!(s.get("/d/e").await.unwrap().0, b"", "parents are created empty");
+        let (data, stat) = s.get("/d/e/f").await.unwrap();
+        assert_eq!((data.as_slice(), stat.version, stat.ephemeral_owner), (&b"one"[..], 0, None));
+        s.set_or_create("/d/e/f", b"two").await.unwrap();
+        let (data, stat) = s.get("/d/e/f").await.unwrap();
+        assert_eq!((data.as_slice(), stat.version), (&b"two"[..], 1), "an existing node is set");
+        assert_eq!(s.children_or_empty("/d/e").await.unwrap(), ["f"]);
+        assert_eq!(s.children_or_empty("/d/e/f").await.unwrap(), Vec::<String>::new(), "a leaf");
+        assert!(matches!(s.set_or_create("bad", b"").await, Err(Error::InvalidPath { .. })));
+        assert!(matches!(s.children_or_empty("bad").await, Err(Error::InvalidPath { .. })));
     }
 
     pub async fn create_with_parents_and_delete_recursive(f: Fixture) {
@@ -326,7 +333,7 @@ mod cases {
         let event = tokio::time::timeout(DEADLINE, states.wait_for(SessionState::Expired)).await.unwrap();
         assert_eq!(event, Some(SessionState::Expired));
         assert_eq!(states.next().await, None, "nothing follows a terminal state");
-        eventually("the ephemeral to go", || async {
+        eventually(DEADLINE, "the ephemeral to go", || async {
             observer.exists("/doomed").await.ok()?.is_none().then_some(())
         })
         .await;
@@ -345,7 +352,7 @@ mod cases {
         // Dropped without closing, as a killed process would leave it.
         drop(crashed);
         assert!(observer.exists("/crashed").await.unwrap().is_some(), "the session outlives its client");
-        eventually("the session to time out", || async {
+        eventually(DEADLINE, "the session to time out", || async {
             observer.exists("/crashed").await.ok()?.is_none().then_some(())
         })
         .await;

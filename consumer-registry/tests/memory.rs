@@ -44,16 +44,16 @@ async fn disconnect_pauses_and_expiry_drops_ownership_before_re_registering() {
     let first_session = a.handle.ownership().session.unwrap();
 
     memory.disconnect(first_session);
-    eventually("a to pause", DEADLINE, || async { a.handle.ownership().paused.then_some(()) }).await;
+    eventually(DEADLINE, "a to pause", || async { a.handle.ownership().paused.then_some(()) }).await;
     assert_eq!(a.handle.ownership().partitions.len(), 2, "a pause keeps ownership");
     memory.reconnect(first_session);
-    eventually("a to resume", DEADLINE, || async { (!a.handle.ownership().paused).then_some(()) }).await;
+    eventually(DEADLINE, "a to resume", || async { (!a.handle.ownership().paused).then_some(()) }).await;
     let pauses: Vec<_> =
         kinds(&group, &a.name).into_iter().filter(|k| matches!(*k, "Paused" | "Resumed")).collect();
     assert_eq!(pauses, ["Paused", "Resumed"]);
 
     memory.expire(first_session);
-    eventually("a to re-register with a new session", DEADLINE, || async {
+    eventually(DEADLINE, "a to re-register with a new session", || async {
         let session = a.handle.ownership().session?;
         (session != first_session).then_some(())
     })
@@ -83,7 +83,7 @@ async fn a_claim_waits_for_the_previous_owner_and_leaves_nothing_behind() {
     stale.create(&owner, b"g_old-0", CreateMode::Ephemeral.with_parents()).await.unwrap();
 
     let a = group.start(None);
-    eventually("a to claim the free partitions", DEADLINE, || async {
+    eventually(DEADLINE, "a to claim the free partitions", || async {
         (a.handle.ownership().partitions.len() == 2).then_some(())
     })
     .await;
@@ -100,7 +100,7 @@ async fn a_claim_waits_for_the_previous_owner_and_leaves_nothing_behind() {
     // caller stop, and claims it again.
     let stolen = group.paths.owner(&group.group, &topic("clicks"), Partition::new(2).unwrap());
     admin.delete(&stolen, None).await.unwrap();
-    eventually("the lost partition to be revoked and re-claimed", DEADLINE, || async {
+    eventually(DEADLINE, "the lost partition to be revoked and re-claimed", || async {
         let v = group.visible.lock().unwrap();
         let revoked =
             v.log.iter().position(|l| l.what == "Revoking" && l.partitions.contains(&tp("clicks", 2)))?;
@@ -145,7 +145,7 @@ async fn round_robin_groups_and_partition_source_changes() {
         consumer_registry::round_robin_assign(&group.partitions, &subs).unwrap()
     };
     let want = expected(&group);
-    eventually("round-robin owners", DEADLINE, || async {
+    eventually(DEADLINE, "round-robin owners", || async {
         let owners = read_owners(&admin, &group.paths, &group.group, &group.partitions).await;
         (owners == want).then_some(())
     })
@@ -153,7 +153,7 @@ async fn round_robin_groups_and_partition_source_changes() {
     // The source reports more partitions: the refresh picks them up and rebalances.
     group.source_topic("views", 8);
     let want = expected(&group);
-    eventually("owners after the partition count grew", DEADLINE, || async {
+    eventually(DEADLINE, "owners after the partition count grew", || async {
         let owners = read_owners(&admin, &group.paths, &group.group, &group.partitions).await;
         (owners == want).then_some(())
     })
@@ -188,14 +188,14 @@ async fn an_unacknowledged_revocation_is_released_after_the_revoke_timeout() {
         }
         acks.len()
     });
-    eventually("the stubborn member to own everything", DEADLINE, || async {
+    eventually(DEADLINE, "the stubborn member to own everything", || async {
         (stubborn.ownership().partitions.len() == 4).then_some(())
     })
     .await;
 
     let joined = tokio::time::Instant::now();
     let b = group.start(None);
-    eventually("b to get its share anyway", DEADLINE, || async {
+    eventually(DEADLINE, "b to get its share anyway", || async {
         (b.handle.ownership().partitions.len() == 2).then_some(())
     })
     .await;
@@ -225,7 +225,7 @@ async fn without_an_id_a_member_registers_kafkas_default_consumer_id() {
     assert!(uuid8.len() == 8 && uuid8.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
     // Its two streams are threads `<id>-0` and `<id>-1`, registered as Kafka writes them.
     let registration: cluster_state::znode::ConsumerRegistration =
-        eventually("the registration", DEADLINE, || async {
+        eventually(DEADLINE, "the registration", || async {
             admin.read(&group.paths.id(&group.group, member.consumer_id())).await.ok().map(|(r, _)| r)
         })
         .await;

@@ -152,7 +152,7 @@ async fn an_expired_member_stops_before_others_take_over() {
 
     // Healed, the victim learns its session expired, re-registers and gets its share back.
     relay.restore();
-    eventually("the victim to report expiry", DEADLINE, || async {
+    eventually(DEADLINE, "the victim to report expiry", || async {
         let v = group.visible.lock().unwrap();
         v.log.iter().any(|l| l.member == victim.name && l.what == "Expired").then_some(())
     })

@@ -9,6 +9,9 @@
 //! Errors ([`ClientError`]) separate nimbus not answering (retryable) from nimbus refusing
 //! (its `errorMessage` quoted with the status) and an answer this client cannot read.
 
+// Async code: `tokio::time::Instant`, never std's (see clippy.toml).
+#![deny(clippy::disallowed_types)]
+
 use std::time::Duration;
 
 use bytes::Bytes;

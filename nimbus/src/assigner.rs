@@ -34,7 +34,8 @@ use crate::liveness::{HeartbeatCache, Timeouts};
 use crate::metrics::NimbusMetrics;
 use crate::scheduler::{ScheduleInput, schedule};
 use crate::state::{self, Skipped};
-use crate::transitions::{RescheduleError, Rescheduler, Transitions, now_secs};
+use crate::transitions::{RescheduleError, Rescheduler, Transitions};
+use cluster_state::clock::now_secs;
 
 /// The largest topology file nimbus reads (the definition, not the worker binary).
 pub const MAX_TOPOLOGY_FILE_BYTES: u64 = 1024 * 1024;
@@ -341,7 +342,7 @@ impl Assigner {
             if existing == Some(&assignment) {
                 continue;
             }
-            self.write_assignment(id, &assignment).await?;
+            self.session.set_or_create(&self.paths.assignment(id), &assignment.encode()).await?;
             report.written.push(id.clone());
             report.moved += moved;
             self.metrics.assignments_written.inc();
@@ -379,7 +380,7 @@ impl Assigner {
     ) -> Result<BTreeMap<ExecutorId, u64>, coord::Error> {
         let dir = self.paths.workerbeats_topology(id);
         let mut reported = BTreeMap::new();
-        for name in state::children_or_none(&self.session, &dir).await? {
+        for name in self.session.children_or_empty(&dir).await? {
             let path = coord::join(&dir, &name);
             if let Some((beat, _)) =
                 state::read_optional::<WorkerHeartbeat>(&self.session, &path, skipped).await?
@@ -390,27 +391,6 @@ impl Assigner {
             }
         }
         Ok(reported)
-    }
-
-    async fn write_assignment(&self, id: &TopologyId, assignment: &Assignment) -> Result<(), coord::Error> {
-        let path = self.paths.assignment(id);
-        match self.session.set(&path, &assignment.encode(), None).await {
-            Ok(_) => Ok(()),
-            Err(coord::Error::NoNode { .. }) => {
-                match self
-                    .session
-                    .create(&path, &assignment.encode(), CreateMode::Persistent.with_parents())
-                    .await
-                {
-                    Ok(_) => Ok(()),
-                    Err(coord::Error::NodeExists { .. }) => {
-                        self.session.set(&path, &assignment.encode(), None).await.map(|_| ())
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-            Err(e) => Err(e),
-        }
     }
 }
 

@@ -21,7 +21,8 @@ use crate::code_store::{CodeStore, CodeStoreError, CodeStoreLimits};
 use crate::http::{self, ApiConfig, ApiState};
 use crate::liveness::Timeouts;
 use crate::metrics::NimbusMetrics;
-use crate::transitions::{DeadlineTimers, Transitions, now_secs};
+use crate::transitions::{DeadlineTimers, Transitions};
+use cluster_state::clock::now_secs;
 
 /// Nimbus's settings, with Storm's key names where Storm has the setting.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]

@@ -27,6 +27,7 @@ use cluster_state::api::{
 };
 use cluster_state::code::CodeFile;
 use cluster_state::coord;
+use cluster_state::http::ServeOptions;
 use cluster_state::ids::TopologyId;
 use futures::TryStreamExt;
 use http_body_util::combinators::BoxBody;
@@ -34,19 +35,18 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
 use tokio_util::io::ReaderStream;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::assigner::{Assigner, SubmitError, SubmitRequest};
 use crate::code_store::CodeStoreError;
 use crate::lifecycle::{Event, LifecycleError};
 use crate::state;
-use crate::transitions::{Applied, TimerHandle, TransitionError, Transitions, now_secs};
+use crate::transitions::{Applied, TimerHandle, TransitionError, Transitions};
+use cluster_state::clock::now_secs;
 
 /// The header carrying a code file's SHA-256 (lowercase hex) on download.
 pub use cluster_state::api::CHECKSUM_HEADER;
@@ -98,49 +98,12 @@ type Body = BoxBody<Bytes, io::Error>;
 /// Serves the API on `listener` until `shutdown`; returns once every connection has finished
 /// (in-flight requests complete, idle keep-alive connections are closed).
 pub async fn run(listener: TcpListener, state: Arc<ApiState>, shutdown: CancellationToken) {
-    let connections = TaskTracker::new();
-    loop {
-        let accepted = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => accepted,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                // Out of file descriptors and the like: back off instead of spinning.
-                tracing::warn!("accepting a connection failed: {e}");
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
-                }
-            }
-        };
+    let options = ServeOptions { name: "nimbus API", header_read_timeout: state.config.header_read_timeout };
+    let service = hyper::service::service_fn(move |request| {
         let state = state.clone();
-        let shutdown = shutdown.clone();
-        let header_read_timeout = state.config.header_read_timeout;
-        connections.spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(handle(&state, request).await) }
-            });
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder.timer(TokioTimer::new()).header_read_timeout(header_read_timeout);
-            let connection = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(connection);
-            let result = tokio::select! {
-                result = connection.as_mut() => result,
-                _ = shutdown.cancelled() => {
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(%peer, "connection ended with an error: {e}");
-            }
-        });
-    }
-    connections.close();
-    connections.wait().await;
+        async move { Ok::<_, Infallible>(handle(&state, request).await) }
+    });
+    cluster_state::http::serve(listener, service, options, shutdown).await;
 }
 
 /// A failed request: status and what is wrong.

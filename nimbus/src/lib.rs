@@ -26,6 +26,9 @@
 //!   from ZooKeeper, and the `Rescheduler` hook a due rebalance needs (filled by submit).
 //! - [`views`]: the read side of the HTTP API (Storm UI's summaries) as pure functions.
 
+// Async code: `tokio::time::Instant`, never std's (see clippy.toml).
+#![deny(clippy::disallowed_types)]
+
 pub mod assigner;
 pub mod code_store;
 pub mod daemon;

@@ -40,15 +40,6 @@ pub struct ComponentError {
     pub info: ErrorInfo,
 }
 
-/// Children of `dir`, or none when `dir` does not exist (nothing was ever written there).
-pub(crate) async fn children_or_none(session: &Session, dir: &str) -> coord::Result<Vec<String>> {
-    match session.children(dir).await {
-        Ok(children) => Ok(children),
-        Err(coord::Error::NoNode { .. }) => Ok(Vec::new()),
-        Err(e) => Err(e),
-    }
-}
-
 /// Reads every child of `dir` whose name parses as `K` and whose data decodes as `V`.
 async fn read_dir<K, V>(
     session: &Session,
@@ -61,7 +52,7 @@ where
     V: ZnodeData,
 {
     let mut named = Vec::new();
-    for name in children_or_none(session, dir).await? {
+    for name in session.children_or_empty(dir).await? {
         let path = join(dir, &name);
         match name.parse::<K>() {
             Ok(key) => named.push((key, path)),
@@ -135,7 +126,7 @@ pub async fn read_errors(
     let mut skipped = Vec::new();
     let mut errors = Vec::new();
     let topology_dir = paths.errors_topology(id);
-    for name in children_or_none(session, &topology_dir).await? {
+    for name in session.children_or_empty(&topology_dir).await? {
         let component_dir = join(&topology_dir, &name);
         let component = match ComponentId::new(name) {
             Ok(c) => c,
@@ -145,7 +136,7 @@ pub async fn read_errors(
             }
         };
         let mut numbered = Vec::new();
-        for entry in children_or_none(session, &component_dir).await? {
+        for entry in session.children_or_empty(&component_dir).await? {
             let path = join(&component_dir, &entry);
             match StormPaths::parse_error_seq(&entry) {
                 Some(seq) => numbered.push((seq, path)),
@@ -183,7 +174,7 @@ pub async fn read_worker_endpoints(
     let mut endpoints = Vec::new();
     for topology in topologies {
         let dir = paths.workerbeats_topology(topology);
-        for name in children_or_none(session, &dir).await? {
+        for name in session.children_or_empty(&dir).await? {
             let path = join(&dir, &name);
             let Ok(slot) = WorkerSlot::from_beat_node_name(&name) else {
                 skip(&mut skipped, path, "not a <node>-<port> heartbeat name".into());

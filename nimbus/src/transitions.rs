@@ -19,8 +19,9 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
+use cluster_state::clock::now_secs;
 use cluster_state::coord::{self, Session};
 use cluster_state::ids::TopologyId;
 use cluster_state::paths::StormPaths;
@@ -36,11 +37,6 @@ use crate::state;
 
 /// Compare-and-set attempts before giving up on a topology that keeps changing under us.
 const MAX_CAS_ATTEMPTS: u32 = 8;
-
-/// Seconds since the epoch on this machine's clock.
-pub fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
 
 /// Why rescheduling a topology failed.
 #[derive(Debug, thiserror::Error)]
@@ -253,10 +249,10 @@ impl Transitions {
     /// submit is between the two (Storm holds its submit lock around both).
     pub async fn cleanup_orphans(&self) -> Result<Vec<TopologyId>, TransitionError> {
         let present: std::collections::BTreeSet<String> =
-            state::children_or_none(&self.session, &self.paths.storms_dir()).await?.into_iter().collect();
+            self.session.children_or_empty(&self.paths.storms_dir()).await?.into_iter().collect();
         let mut orphans = std::collections::BTreeSet::new();
         for dir in [self.paths.assignments_dir(), self.paths.workerbeats_dir(), self.paths.errors_dir()] {
-            for name in state::children_or_none(&self.session, &dir).await? {
+            for name in self.session.children_or_empty(&dir).await? {
                 if let Ok(id) = name.parse::<TopologyId>() {
                     orphans.insert(id);
                 }
@@ -312,7 +308,7 @@ const LONGEST_TIMER: Duration = Duration::from_secs(24 * 3600);
 /// 18446744073709551615`), and `Instant` arithmetic overflows, so far deadlines are clamped:
 /// firing early is harmless, the transition itself checks the stored deadline.
 fn instant_of(deadline_secs: u64) -> Instant {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let now = cluster_state::clock::since_epoch();
     Instant::now() + Duration::from_secs(deadline_secs).saturating_sub(now).min(LONGEST_TIMER)
 }
 

@@ -4,12 +4,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cluster_state::clock::now_secs;
 use cluster_state::coord::{CreateMode, Ensemble, Session, SessionOptions};
 use cluster_state::ids::{
     ComponentId, ExecutorId, SupervisorId, TaskId, TopologyId, TopologyName, WorkerSlot,
@@ -24,13 +24,15 @@ use nimbus::code_store::{CodeFile, CodeStore, CodeStoreLimits, sha256_hex};
 use nimbus::http::{ApiConfig, ApiState, CHECKSUM_HEADER};
 use nimbus::lifecycle::Event;
 use nimbus::metrics::NimbusMetrics;
-use nimbus::transitions::{DeadlineTimers, Transitions, now_secs};
+use nimbus::transitions::{DeadlineTimers, Transitions};
 use serde_json::{Value, json};
-use test_harness::ZkServer;
+use test_harness::{ZkServer, eventually};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
+/// How long nimbus may take to finish what a test waits for.
+const DEADLINE: Duration = Duration::from_secs(20);
 const ID: &str = "wc-1-1700000000";
 
 fn id() -> TopologyId {
@@ -164,10 +166,6 @@ fn parse_reply(raw: &[u8]) -> Reply {
         .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
         .collect();
     Reply { status, headers, body: raw[split + 4..].to_vec() }
-}
-
-async fn eventually<T, Fut: Future<Output = Option<T>>>(what: &str, check: impl FnMut() -> Fut) -> T {
-    test_harness::eventually(Duration::from_secs(20), what, check).await
 }
 
 fn base(status: TopologyStatus) -> StormBase {
@@ -554,7 +552,7 @@ async fn kill_survives_a_nimbus_restart() {
 
     let second = Nimbus::start(&ensemble, dir.path(), ApiConfig::default()).await;
     let paths = StormPaths::default();
-    eventually("the restarted nimbus to finish the kill", || async {
+    eventually(DEADLINE, "the restarted nimbus to finish the kill", || async {
         observer.exists(&paths.storm(&id())).await.unwrap().is_none().then_some(())
     })
     .await;
@@ -578,7 +576,7 @@ async fn a_kill_fires_at_its_deadline_without_waiting_for_a_rescan() {
     seed(nimbus.session(), nimbus.transitions.code()).await;
     let started = tokio::time::Instant::now();
     assert_eq!(nimbus.request("POST", &format!("/api/v1/topology/{ID}/kill/1"), b"").await.status, 200);
-    eventually("the kill to complete", || async {
+    eventually(DEADLINE, "the kill to complete", || async {
         stored_base(nimbus.session()).await.is_none().then_some(())
     })
     .await;
@@ -676,7 +674,7 @@ async fn serve_runs_until_shutdown_or_until_its_session_ends() {
                     nimbus::serve(config, listener, ensemble, &registry, shutdown).await
                 }
             });
-            eventually("nimbus to answer", || async {
+            eventually(DEADLINE, "nimbus to answer", || async {
                 let reply = request(addr, "GET", "/api/v1/cluster/summary", &[], b"").await;
                 (reply.status == 200).then_some(())
             })

@@ -178,10 +178,6 @@ fn worker_spec(
     )
 }
 
-fn now_secs() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
 /// Reads every assignment, skipping (and logging) garbage.
 async fn read_assignments(
     session: &Session,
@@ -189,12 +185,7 @@ async fn read_assignments(
 ) -> coord::Result<BTreeMap<TopologyId, Assignment>> {
     let mut out = BTreeMap::new();
     let dir = paths.assignments_dir();
-    let children = match session.children(&dir).await {
-        Ok(children) => children,
-        Err(coord::Error::NoNode { .. }) => return Ok(out),
-        Err(e) => return Err(e),
-    };
-    for child in children {
+    for child in session.children_or_empty(&dir).await? {
         let Ok(id) = child.parse::<TopologyId>() else {
             tracing::warn!(path = %format!("{dir}/{child}"), "ignoring an assignment with a bad name");
             continue;
@@ -259,7 +250,9 @@ pub async fn run(
             reason: format!("cannot listen on {metrics_address}: {e}"),
         })?;
     let metrics_endpoint = listener.local_addr().ok().map(|a| format!("{hostname}:{}", a.port()));
-    tokio::spawn(cluster_state::metrics::serve(listener, registry.clone(), shutdown.child_token()));
+    // Every task of the supervisor, awaited before `run` returns.
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(cluster_state::metrics::serve(listener, registry.clone(), shutdown.child_token()));
     let registration = Registration {
         ensemble: ensemble.clone(),
         session_options: config.session_options(),
@@ -277,7 +270,7 @@ pub async fn run(
         used_ports: ports_rx,
         heartbeat_interval: Duration::from_secs(config.heartbeat_frequency_secs),
     };
-    let registered = tokio::spawn(registration.run(shutdown.child_token()));
+    tasks.spawn(registration.run(shutdown.child_token()));
 
     let slots: BTreeSet<u16> = config.slots_ports.iter().copied().collect();
     let tick = Duration::from_secs(config.monitor_frequency_secs);
@@ -327,7 +320,7 @@ pub async fn run(
             () = wait => {}
         }
     }
-    let _ = registered.await;
+    while tasks.join_next().await.is_some() {}
     if let Some(s) = session {
         let _ = s.close().await;
     }
@@ -363,7 +356,7 @@ async fn round(
             Err(e) => tracing::warn!(error = %e, "cannot get topology code; retrying next round"),
         }
     }
-    let done = match process.reconcile(&desired, now_secs()).await {
+    let done = match process.reconcile(&desired, cluster_state::clock::now_secs()).await {
         Ok(done) => {
             for action in &done {
                 tracing::info!(?action, "worker action");

@@ -168,7 +168,8 @@ impl Launcher for ProcessLauncher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
+    use test_harness::wait_for;
 
     /// A worker running `script`: `sh` reads the file `worker` in its working directory, the
     /// launch's first argument, and takes the launch's flags as its arguments.
@@ -190,20 +191,12 @@ mod tests {
         }
     }
 
-    fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !done() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
     #[test]
     fn output_goes_to_the_log_file_and_exit_is_observed() {
         let dir = tempfile::tempdir().unwrap();
         let launcher = ProcessLauncher::new();
         let pid = launcher.launch(&spec(dir.path(), "env; echo \"args: $*\"")).unwrap();
-        wait_until("the worker to exit", || !launcher.is_running(pid));
+        wait_for(Duration::from_secs(10), "the worker to exit", || !launcher.is_running(pid));
         let log = fs::read_to_string(dir.path().join("worker.log")).unwrap();
         assert!(log.contains("SQUALL_TEST=yes"), "{log}");
         assert!(log.contains("args: --topology-id wc-1-1700000000 --supervisor-id sup-1"), "{log}");
@@ -217,9 +210,9 @@ mod tests {
         let pid = launcher.launch(&spec(dir.path(), "while :; do sleep 1; done")).unwrap();
         assert!(launcher.is_running(pid));
         // The worker id is on its command line (once the exec has set it up).
-        wait_until("the worker's command line", || launcher.adopt(pid, "w-1234"));
+        wait_for(Duration::from_secs(10), "the worker's command line", || launcher.adopt(pid, "w-1234"));
         launcher.terminate(pid).unwrap();
-        wait_until("the worker to stop", || !launcher.is_running(pid));
+        wait_for(Duration::from_secs(10), "the worker to stop", || !launcher.is_running(pid));
         // Signalling a worker that is gone is not an error.
         launcher.terminate(pid).unwrap();
         launcher.force_kill(pid).unwrap();
@@ -231,14 +224,14 @@ mod tests {
         let launcher = ProcessLauncher::new();
         let stubborn = spec(dir.path(), "trap '' TERM; echo ready; while :; do sleep 1; done");
         let pid = launcher.launch(&stubborn).unwrap();
-        wait_until("the trap to be set", || {
+        wait_for(Duration::from_secs(10), "the trap to be set", || {
             fs::read_to_string(dir.path().join("worker.log")).is_ok_and(|log| log.contains("ready"))
         });
         launcher.terminate(pid).unwrap();
         std::thread::sleep(Duration::from_millis(100));
         assert!(launcher.is_running(pid), "TERM is ignored");
         launcher.force_kill(pid).unwrap();
-        wait_until("the worker to die", || !launcher.is_running(pid));
+        wait_for(Duration::from_secs(10), "the worker to die", || !launcher.is_running(pid));
     }
 
     #[test]
@@ -273,7 +266,7 @@ mod tests {
         let pid = orphan.0.id();
         let launcher = ProcessLauncher::new();
         // Until the child has exec'd, its command line is still ours.
-        wait_until("the orphan to exec", || launcher.adopt(pid, "w-1234"));
+        wait_for(Duration::from_secs(10), "the orphan to exec", || launcher.adopt(pid, "w-1234"));
         assert!(!launcher.adopt(pid, "w-9999"), "same pid, another worker");
         assert!(!launcher.adopt(u32::MAX / 2, "w-1234"), "no such process");
         drop(orphan);

@@ -23,6 +23,9 @@
 //! - [`plan`]: the sync decisions as pure functions: this node's local assignment, and which
 //!   workers to kill and which ports to launch (Storm's `sync-processes`).
 
+// Async code: `tokio::time::Instant`, never std's (see clippy.toml).
+#![deny(clippy::disallowed_types)]
+
 pub mod code_sync;
 pub mod daemon;
 pub mod launch;

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cluster_state::ids::{SupervisorId, TopologyId, WorkerId};
 use cluster_state::znode::{LocalWorkerHeartbeat, ZnodeData};
@@ -222,8 +222,8 @@ impl ProcessTask {
     /// TERM, wait up to the grace period, then KILL.
     async fn stop(&self, pid: u32) -> Result<(), LaunchError> {
         self.launcher.terminate(pid)?;
-        let deadline = Instant::now() + self.shutdown_grace;
-        while self.launcher.is_running(pid) && Instant::now() < deadline {
+        let deadline = tokio::time::Instant::now() + self.shutdown_grace;
+        while self.launcher.is_running(pid) && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         if self.launcher.is_running(pid) {

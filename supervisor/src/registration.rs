@@ -100,12 +100,8 @@ impl Registration {
     /// Writes the current info: updates our node, or (re)creates it.
     async fn beat(&self, session: &Session, started: Instant) -> coord::Result<()> {
         let path = self.paths.supervisor(&self.info.supervisor_id);
-        let now_secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
         let info = SupervisorInfo {
-            time_secs: now_secs,
+            time_secs: cluster_state::clock::now_secs(),
             uptime_secs: started.elapsed().as_secs(),
             used_ports: self.used_ports.borrow().clone(),
             ..self.info.clone()

@@ -12,11 +12,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cluster_state::clock::now_secs;
 use cluster_state::ids::{ExecutorId, TaskId, TopologyId};
 use cluster_state::launch::WorkerLaunch;
 use supervisor::launch::{Launcher, ProcessLauncher, WorkerSpec};
 use supervisor::plan::{LocalAssignment, WorkerTimeouts};
 use supervisor::process_task::{Done, ProcessTask, SpecBuilder};
+use test_harness::eventually_true;
 
 fn assignment(tasks: &[u32]) -> LocalAssignment {
     LocalAssignment {
@@ -65,9 +67,8 @@ fn fake_worker(local_dir: &Path) -> SpecBuilder {
     })
 }
 
-fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
-}
+/// How long a worker may take to start or stop.
+const DEADLINE: Duration = Duration::from_secs(10);
 
 const TIMEOUTS: WorkerTimeouts = WorkerTimeouts { heartbeat_secs: 5, start_secs: 5 };
 
@@ -90,7 +91,7 @@ async fn settle(
     // Reconcile until a round has nothing to do (bounded).
     let mut all = Vec::new();
     for _ in 0..50 {
-        let done = task.reconcile(desired, now()).await.unwrap();
+        let done = task.reconcile(desired, now_secs()).await.unwrap();
         if done.is_empty() {
             return all;
         }
@@ -102,11 +103,6 @@ async fn settle(
         all.extend(done);
     }
     panic!("the process task never settled: {all:?}");
-}
-
-async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    test_harness::eventually(Duration::from_secs(10), what, || std::future::ready(done().then_some(())))
-        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,7 +123,7 @@ async fn launches_relaunches_kills_and_adopts() {
     assert_eq!(launched.len(), 2, "{launched:?}");
     assert_eq!(task.used_ports(), [6700, 6701]);
     let first: BTreeMap<String, u32> = task.workers().iter().map(|(w, r)| (w.clone(), r.pid)).collect();
-    wait_until("both heartbeats", || {
+    eventually_true(DEADLINE, "both heartbeats", || async {
         first.keys().all(|w| dir.path().join("workers").join(w).join("heartbeat").exists())
     })
     .await;
@@ -136,7 +132,7 @@ async fn launches_relaunches_kills_and_adopts() {
     // A worker dies (kill -9): it is replaced.
     let (dead_id, dead_pid) = first.iter().next().map(|(w, p)| (w.clone(), *p)).unwrap();
     launcher.force_kill(dead_pid).unwrap();
-    wait_until("the worker to die", || !launcher.is_running(dead_pid)).await;
+    eventually_true(DEADLINE, "the worker to die", || async { !launcher.is_running(dead_pid) }).await;
     let replaced = settle(&mut task, &desired, &reaper).await;
     assert!(replaced.iter().any(|d| matches!(d, Done::Killed { worker_id, .. } if *worker_id == dead_id)));
     assert!(replaced.iter().any(|d| matches!(d, Done::Launched { .. })));
@@ -157,7 +153,7 @@ async fn launches_relaunches_kills_and_adopts() {
     settle(&mut task, &BTreeMap::new(), &reaper).await;
     assert!(task.workers().is_empty());
     for pid in pids {
-        wait_until("every worker to stop", || !launcher.is_running(pid)).await;
+        eventually_true(DEADLINE, "every worker to stop", || async { !launcher.is_running(pid) }).await;
     }
 }
 

@@ -3,7 +3,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::future::Future;
 use std::time::Duration;
 
 use cluster_state::coord::{CreateMode, Ensemble, MemoryEnsemble, Session, SessionId, SessionOptions};
@@ -11,9 +10,12 @@ use cluster_state::ids::SupervisorId;
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{SupervisorInfo, ZnodeData};
 use supervisor::registration::Registration;
-use test_harness::ZkServer;
+use test_harness::{ZkServer, eventually};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+
+/// How long a registration may take to appear or change.
+const DEADLINE: Duration = Duration::from_secs(15);
 
 const PATH: &str = "/storm/supervisors/sup-1";
 
@@ -51,10 +53,6 @@ fn start(ensemble: &Ensemble) -> Running {
     Running { cancel, task, ports }
 }
 
-async fn eventually<T, Fut: Future<Output = Option<T>>>(what: &str, check: impl FnMut() -> Fut) -> T {
-    test_harness::eventually(Duration::from_secs(15), what, check).await
-}
-
 /// The registration as it stands, and the session holding it.
 async fn registered(observer: &Session) -> Option<(SupervisorInfo, SessionId)> {
     let (data, stat) = observer.get(PATH).await.ok()?;
@@ -68,18 +66,18 @@ async fn registers_refreshes_survives_expiry_and_leaves_on_stop() {
     let observer = ensemble.connect(&SessionOptions::default()).await.unwrap();
     let running = start(&ensemble);
 
-    let (first, owner) = eventually("registration", || registered(&observer)).await;
+    let (first, owner) = eventually(DEADLINE, "registration", || registered(&observer)).await;
     assert_eq!((first.hostname.as_str(), first.all_ports.as_slice()), ("host1", &[6700, 6701][..]));
     assert!(first.time_secs > 0, "times are filled in");
 
     running.ports.send(vec![6700]).unwrap();
-    eventually("used ports to be published", || async {
+    eventually(DEADLINE, "used ports to be published", || async {
         registered(&observer).await.filter(|(info, _)| info.used_ports == [6700]).map(|_| ())
     })
     .await;
 
     memory.expire(owner);
-    let (_, new_owner) = eventually("registration under a new session", || async {
+    let (_, new_owner) = eventually(DEADLINE, "registration under a new session", || async {
         registered(&observer).await.filter(|(_, o)| *o != owner)
     })
     .await;
@@ -104,7 +102,7 @@ async fn a_previous_incarnations_node_is_replaced_at_once() {
 
     let observer = ensemble.connect(&SessionOptions::default()).await.unwrap();
     let running = start(&ensemble);
-    let (info, owner) = eventually("the node to be taken over", || async {
+    let (info, owner) = eventually(DEADLINE, "the node to be taken over", || async {
         registered(&observer).await.filter(|(_, o)| *o != stale_owner)
     })
     .await;

@@ -154,30 +154,10 @@ pub fn execute(cmd: WorkerCommand, registry: &Registry, metrics: &prometheus::Re
         .map_err(|e| Error::io("start the async runtime", e))?;
     rt.block_on(async move {
         let shutdown = CancellationToken::new();
-        let s = shutdown.clone();
-        tokio::spawn(async move {
-            wait_for_signal().await;
-            tracing::info!("shutdown requested");
-            s.cancel();
-        });
         let PreparedWorker { args, config, topology, paths } = worker;
-        run(args, config, topology, ensemble, paths, metrics, shutdown).await
+        let worker = run(args, config, topology, ensemble, paths, metrics, shutdown.clone());
+        cluster_state::signal::run_until_signal(shutdown, worker).await
     })
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 #[cfg(test)]

@@ -317,7 +317,8 @@ impl Emitter {
 }
 
 fn now_nanos() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    // Truncated: only the low bits vary, which is what a seed wants.
+    cluster_state::clock::since_epoch().as_nanos() as u64
 }
 
 /// A spout tuple waiting for its tree to complete.

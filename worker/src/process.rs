@@ -13,8 +13,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use cluster_state::clock::now_secs;
 use cluster_state::coord::{
     CreateMode, Ensemble, Error as CoordError, Session, SessionOptions, SessionState, Watch, WatchEvent,
 };
@@ -136,10 +137,6 @@ pub fn errors_to_prune(children: &[String], keep: usize) -> Vec<String> {
     seqs.sort();
     let excess = seqs.len().saturating_sub(keep);
     seqs.into_iter().take(excess).map(|(_, c)| c.clone()).collect()
-}
-
-fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 struct Metrics {
@@ -481,13 +478,15 @@ async fn run_session(
         .map_err(|e| Error::io("listen for /metrics", e))?;
     let metrics_endpoint =
         metrics_listener.local_addr().ok().map(|a| format!("{}:{}", args.hostname, a.port()));
+    // Served until the worker has stopped (so the last scrape sees the drain), then awaited;
+    // an early return cancels it through the guard.
     let metrics_stop = shutdown.child_token();
-    tokio::spawn(cluster_state::metrics::serve(
+    let metrics_server = tokio::spawn(cluster_state::metrics::serve(
         metrics_listener,
         metrics_registry.clone(),
         metrics_stop.clone(),
     ));
-    let _stop_metrics = metrics_stop.drop_guard();
+    let stop_metrics = metrics_stop.drop_guard();
     // Until the status is known the spouts stay inactive (the worker starts them inactive).
     let (mut status_active, mut base_watch, mut reread_status) = (false, None, false);
     take_status(
@@ -536,7 +535,7 @@ async fn run_session(
                     uptime_secs: now.saturating_sub(start_secs),
                     metrics_endpoint: metrics_endpoint.clone(),
                 };
-                match write_znode(session, &beat_znode, &beat.encode()).await {
+                match session.set_or_create(&beat_znode, &beat.encode()).await.map_err(Error::from) {
                     Ok(()) => {}
                     // Without a session the worker cannot heartbeat or see assignments: stop
                     // (gracefully) and let the supervisor start a fresh one.
@@ -626,26 +625,10 @@ async fn run_session(
         tracing::warn!(error = %e, "cannot remove the ZooKeeper heartbeat");
     }
     let _ = std::fs::remove_file(&beat_path);
+    drop(stop_metrics);
+    let _ = metrics_server.await;
     tracing::info!(topology = %id, port = args.port, "worker stopped");
     fatal.map_or(Ok(()), Err)
-}
-
-/// Sets a persistent znode's data, creating it (and its parents) when missing.
-async fn write_znode(session: &Session, path: &str, data: &[u8]) -> Result<()> {
-    match session.set(path, data, None).await {
-        Ok(_) => Ok(()),
-        Err(CoordError::NoNode { .. }) => {
-            match session.create(path, data, CreateMode::Persistent.with_parents()).await {
-                Ok(_) => Ok(()),
-                Err(CoordError::NodeExists { .. }) => {
-                    session.set(path, data, None).await?;
-                    Ok(())
-                }
-                Err(e) => Err(e.into()),
-            }
-        }
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// Writes one error as `/storm/errors/<topology>/<component>/e<seq>` and prunes to the newest `keep`.

@@ -8,20 +8,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cluster_state::ids::TaskId;
+use test_harness::wait_for;
 use worker::grouping::SplitMix64;
 use worker::{
     Bolt, BoltCollector, ComponentError, Fields, LocalCluster, OutputDeclarer, Spout, SpoutCollector,
     TopologyBuilder, TopologyConfig, TopologyContext, Tuple, Value, values,
 };
-
-/// Polls `cond` every few milliseconds until it holds or `secs` pass.
-fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out after {secs} s waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
 
 #[derive(Debug, Default)]
 struct SpoutRecord {
@@ -144,7 +136,7 @@ fn groupings_fields_all_global_shuffle() {
     let s = seen["shuffle"].clone();
     b.set_bolt("shuffle", 2, move || Recorder { seen: s.clone() }).num_tasks(4).shuffle_grouping("spout");
     let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
-    wait_for(60, "every tuple tree acked", || acked(&rec) == n as usize);
+    wait_for(Duration::from_secs(60), "every tuple tree acked", || acked(&rec) == n as usize);
 
     // Fields: each key at exactly one task, and the keys spread over all four tasks.
     let mut key_task: BTreeMap<String, BTreeSet<TaskId>> = BTreeMap::new();
@@ -254,14 +246,18 @@ fn a_tuple_tree_completes_exactly_when_every_descendant_is_acked() {
 
     // Every child is held and a tick has passed: the spout tuples and fanout acks are in, the
     // children's are not, so no tree may be complete.
-    wait_for(30, "all children at the holders", || received.load(Ordering::Relaxed) == 3 * n);
+    wait_for(Duration::from_secs(30), "all children at the holders", || {
+        received.load(Ordering::Relaxed) == 3 * n
+    });
     let t0 = ticks.load(Ordering::Relaxed);
-    wait_for(30, "a tick after the children arrived", || ticks.load(Ordering::Relaxed) > t0 + 2);
+    wait_for(Duration::from_secs(30), "a tick after the children arrived", || {
+        ticks.load(Ordering::Relaxed) > t0 + 2
+    });
     assert_eq!(acked(&rec), 0, "a tree completed before its children were acked");
     assert!(rec.lock().unwrap().failed.is_empty());
 
     release.store(true, Ordering::Relaxed);
-    wait_for(30, "every tree complete", || acked(&rec) == n as usize);
+    wait_for(Duration::from_secs(30), "every tree complete", || acked(&rec) == n as usize);
     assert!(rec.lock().unwrap().failed.is_empty());
     cluster.shutdown(Duration::from_secs(1));
 }
@@ -290,7 +286,7 @@ fn a_dropped_tuple_times_out_and_fails() {
     b.set_bolt("dropper", 1, || Dropper { drop: 7 }).shuffle_grouping("spout");
     let started = Instant::now();
     let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
-    wait_for(10, "the dropped tuple to fail", || !rec.lock().unwrap().failed.is_empty());
+    wait_for(Duration::from_secs(10), "the dropped tuple to fail", || !rec.lock().unwrap().failed.is_empty());
     // Between one and two message timeouts (rotating buckets), not at once.
     assert!(started.elapsed() >= Duration::from_millis(900), "failed too early: {:?}", started.elapsed());
     let r = rec.lock().unwrap();
@@ -331,7 +327,7 @@ fn a_randomly_failing_bolt_still_gets_every_message_acked_by_replay() {
     b.set_bolt("split", 2, || Fanout { children: 2 }).shuffle_grouping("spout");
     b.set_bolt("flaky", 3, || Flaky { rng: SplitMix64::new(0) }).shuffle_grouping("split");
     let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
-    wait_for(60, "every message acked", || acked(&rec) == n as usize);
+    wait_for(Duration::from_secs(60), "every message acked", || acked(&rec) == n as usize);
     let r = rec.lock().unwrap();
     assert_eq!(r.acked, (0..n).collect());
     assert!(
@@ -363,8 +359,8 @@ fn max_spout_pending_bounds_tuples_in_flight() {
     .shuffle_grouping("spout");
     let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
     // The holder acks only on ticks (1 s), so the spout must stop at 10 in flight each time.
-    wait_for(30, "ten held", || received.load(Ordering::Relaxed) >= 10);
-    wait_for(30, "every tree complete", || acked(&rec) == n as usize);
+    wait_for(Duration::from_secs(30), "ten held", || received.load(Ordering::Relaxed) >= 10);
+    wait_for(Duration::from_secs(30), "every tree complete", || acked(&rec) == n as usize);
     assert_eq!(rec.lock().unwrap().max_in_flight, 10);
     cluster.shutdown(Duration::from_secs(1));
 }
@@ -401,7 +397,9 @@ fn a_slow_bolt_slows_its_spout_instead_of_growing_queues() {
     let p = processed.clone();
     b.set_bolt("slow", 1, move || Slow { processed: p.clone() }).shuffle_grouping("spout");
     let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
-    wait_for(30, "the bolt to process 500 tuples", || processed.load(Ordering::Relaxed) >= 500);
+    wait_for(Duration::from_secs(30), "the bolt to process 500 tuples", || {
+        processed.load(Ordering::Relaxed) >= 500
+    });
     for _ in 0..20 {
         let emitted = rec.lock().unwrap().emitted;
         let done = processed.load(Ordering::Relaxed);
@@ -423,8 +421,8 @@ fn with_acking_off_spout_tuples_are_acked_on_emit() {
     let s = seen.clone();
     b.set_bolt("sink", 1, move || Recorder { seen: s.clone() }).shuffle_grouping("spout");
     let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
-    wait_for(30, "all acked", || acked(&rec) == 100);
-    wait_for(30, "all delivered", || seen.lock().unwrap().len() == 100);
+    wait_for(Duration::from_secs(30), "all acked", || acked(&rec) == 100);
+    wait_for(Duration::from_secs(30), "all delivered", || seen.lock().unwrap().len() == 100);
     cluster.shutdown(Duration::from_secs(1));
 }
 
@@ -472,7 +470,7 @@ fn direct_grouping_delivers_to_the_named_task() {
     let s = seen.clone();
     b.set_bolt("direct", 3, move || Recorder { seen: s.clone() }).direct_grouping("spout");
     let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
-    wait_for(30, "all delivered", || seen.lock().unwrap().len() == 300);
+    wait_for(Duration::from_secs(30), "all delivered", || seen.lock().unwrap().len() == 300);
     for (task, _, key) in seen.lock().unwrap().iter() {
         assert_eq!(key, &task.0.to_string(), "tuple for task {key} delivered to {task}");
     }
@@ -499,7 +497,7 @@ fn component_errors_are_reported_with_component_and_task() {
     b.set_bolt("erring", 1, || Erring).shuffle_grouping("spout");
     let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
     let mut errors = Vec::new();
-    wait_for(30, "three errors", || {
+    wait_for(Duration::from_secs(30), "three errors", || {
         errors.extend(cluster.take_errors());
         errors.len() == 3
     });

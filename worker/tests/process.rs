@@ -16,6 +16,7 @@ use cluster_state::znode::{
     Assignment, ErrorInfo, ExecutorAssignment, StormBase, TopologyStatus, WorkerHeartbeat, ZnodeData,
 };
 use test_harness::ZkServer;
+use test_harness::eventually_true;
 use tokio_util::sync::CancellationToken;
 use worker::builtin::{SentenceParams, SentenceSpout, SplitSentence, WordCount};
 use worker::layout::TaskLayout;
@@ -178,18 +179,6 @@ impl Cluster {
     }
 }
 
-async fn wait_for<F, Fut>(secs: u64, what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out after {secs} s waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_over_loopback_survive_a_restart_of_one() {
     let c = Cluster::new("two_workers").await;
@@ -209,12 +198,14 @@ async fn two_workers_over_loopback_survive_a_restart_of_one() {
     let (tb, hb) = c.start(wordcount(2), &other, "worker-b");
 
     // Sentences are split and counted across both workers and their trees complete.
-    wait_for(60, "200 sentences acked across two workers", || async {
+    eventually_true(Duration::from_secs(60), "200 sentences acked across two workers", || async {
         c.acked(&spout_slot, &layout, "sentences").await >= 200
     })
     .await;
-    wait_for(30, "counting on the other worker", || async { c.acked(&other, &layout, "count").await > 0 })
-        .await;
+    eventually_true(Duration::from_secs(30), "counting on the other worker", || async {
+        c.acked(&other, &layout, "count").await > 0
+    })
+    .await;
     assert!(c.local_beat_path("worker-a").exists() && c.local_beat_path("worker-b").exists());
     let beat = read_local_heartbeat(&c.local_beat_path("worker-b")).unwrap();
     assert_eq!(beat.topology_id, c.id);
@@ -227,7 +218,7 @@ async fn two_workers_over_loopback_survive_a_restart_of_one() {
     drop(tb);
     let before = c.acked(&spout_slot, &layout, "sentences").await;
     let (tb, hb) = c.start(wordcount(2), &other, "worker-b");
-    wait_for(60, "the flow to resume after the restart", || async {
+    eventually_true(Duration::from_secs(60), "the flow to resume after the restart", || async {
         c.acked(&spout_slot, &layout, "sentences").await >= before + 200
     })
     .await;
@@ -267,7 +258,7 @@ async fn errors_are_rate_limited_and_only_the_last_ten_kept() {
     c.submit(&build(), std::slice::from_ref(&slot)).await;
     let (t, h) = c.start(build(), &slot, "w");
     let dir = c.paths.errors_component(&c.id, &ComponentId::new("erring").unwrap());
-    wait_for(30, "five error reports", || async {
+    eventually_true(Duration::from_secs(30), "five error reports", || async {
         c.session.children(&dir).await.map(|k| k.len()).unwrap_or(0) >= 5
     })
     .await;
@@ -314,7 +305,7 @@ async fn a_peer_moving_to_another_port_is_followed_through_the_assignment() {
     let other = if spout_slot == a { b.clone() } else { a.clone() };
     let (ta, ha) = c.start(wordcount(2), &spout_slot, "worker-a");
     let (tb, hb) = c.start(wordcount(2), &other, "worker-b");
-    wait_for(60, "flow across two workers", || async {
+    eventually_true(Duration::from_secs(60), "flow across two workers", || async {
         c.acked(&spout_slot, &layout, "sentences").await >= 200
     })
     .await;
@@ -332,14 +323,16 @@ async fn a_peer_moving_to_another_port_is_followed_through_the_assignment() {
     c.session.set(&c.paths.assignment(&c.id), &next.encode(), None).await.unwrap();
     let before = c.acked(&spout_slot, &layout, "sentences").await;
     let (tm, hm) = c.start(wordcount(2), &moved, "worker-moved");
-    wait_for(60, "the flow to resume through the new port", || async {
+    eventually_true(Duration::from_secs(60), "the flow to resume through the new port", || async {
         c.acked(&spout_slot, &layout, "sentences").await >= before + 200
     })
     .await;
     // Tuples routed within the spout's worker complete without the moved one: wait for its
     // first heartbeat to show it counting.
-    wait_for(60, "the moved worker to count words", || async { c.acked(&moved, &layout, "count").await > 0 })
-        .await;
+    eventually_true(Duration::from_secs(60), "the moved worker to count words", || async {
+        c.acked(&moved, &layout, "count").await > 0
+    })
+    .await;
     for (t, h) in [(ta, ha), (tm, hm)] {
         t.cancel();
         h.await.unwrap().unwrap();
@@ -431,7 +424,7 @@ async fn a_worker_whose_session_expires_stops_with_an_error() {
     };
     let w = MemoryWorker::start(config).await;
     let beat = w.paths.workerbeat(&w.id, &w.slot);
-    wait_for(30, "the first ZooKeeper heartbeat", || async {
+    eventually_true(Duration::from_secs(30), "the first ZooKeeper heartbeat", || async {
         w.session.exists(&beat).await.unwrap().is_some()
     })
     .await;
@@ -465,7 +458,10 @@ async fn a_zookeeper_hiccup_does_not_deactivate_the_spouts() {
     let config =
         WorkerConfig { refresh_poll_secs: 1, bind_host: "127.0.0.1".into(), ..WorkerConfig::default() };
     let w = MemoryWorker::start(config).await;
-    wait_for(30, "the spout to emit", || async { emitted(&w.registry, "sentences") > 0.0 }).await;
+    eventually_true(Duration::from_secs(30), "the spout to emit", || async {
+        emitted(&w.registry, "sentences") > 0.0
+    })
+    .await;
     let sessions = w.worker_sessions();
     for session in &sessions {
         w.memory.disconnect(*session);
@@ -512,7 +508,7 @@ async fn trees_through_a_worker_that_is_gone_fail_when_its_tasks_move() {
     let other = if spout_slot == a { b.clone() } else { a.clone() };
     let (ta, ha) = c.start(wordcount_timing_out_after(2, TIMEOUT_SECS), &spout_slot, "worker-a");
     let (tb, hb) = c.start(wordcount_timing_out_after(2, TIMEOUT_SECS), &other, "worker-b");
-    wait_for(60, "flow across two workers", || async {
+    eventually_true(Duration::from_secs(60), "flow across two workers", || async {
         c.acked(&spout_slot, &layout, "sentences").await >= 200
     })
     .await;
@@ -520,12 +516,16 @@ async fn trees_through_a_worker_that_is_gone_fail_when_its_tasks_move() {
     tb.cancel();
     hb.await.unwrap().unwrap();
     let flat = c.acked(&spout_slot, &layout, "sentences").await;
-    wait_for(30, "the spout's tuples to pile up toward the gone worker", || async {
-        c.beat(&spout_slot).await.is_some_and(|beat| {
-            let stats = beat.executor_stats.iter().find(|s| s.executor == spout_exec);
-            stats.is_some_and(|s| s.acked == flat && s.emitted > 0)
-        })
-    })
+    eventually_true(
+        Duration::from_secs(30),
+        "the spout's tuples to pile up toward the gone worker",
+        || async {
+            c.beat(&spout_slot).await.is_some_and(|beat| {
+                let stats = beat.executor_stats.iter().find(|s| s.executor == spout_exec);
+                stats.is_some_and(|s| s.acked == flat && s.emitted > 0)
+            })
+        },
+    )
     .await;
     let failed_before = c.failed(&spout_slot, &layout, "sentences").await;
     // Nimbus moves the gone worker's executors to a new port (no worker runs there yet).
@@ -538,7 +538,7 @@ async fn trees_through_a_worker_that_is_gone_fail_when_its_tasks_move() {
     }
     c.session.set(&c.paths.assignment(&c.id), &next.encode(), None).await.unwrap();
     let moved_at = Instant::now();
-    wait_for(15, "tuples through the gone worker to fail", || async {
+    eventually_true(Duration::from_secs(15), "tuples through the gone worker to fail", || async {
         c.failed(&spout_slot, &layout, "sentences").await > failed_before
     })
     .await;
@@ -585,7 +585,10 @@ async fn a_worker_opens_its_session_with_the_launch_timeouts() {
         let worker::cli::PreparedWorker { args, config, topology, paths } = worker;
         run(args, config, topology, e2, paths, &prometheus::Registry::new(), c2).await
     });
-    wait_for(30, "the worker's session", || async { !memory.sessions().is_empty() }).await;
+    eventually_true(Duration::from_secs(30), "the worker's session", || async {
+        !memory.sessions().is_empty()
+    })
+    .await;
     let sessions = memory.sessions();
     assert_eq!(sessions.len(), 1);
     assert_eq!(memory.session_timeout(sessions[0]), Some(Duration::from_secs(7)));

@@ -316,9 +316,7 @@ async fn snapshot(
     let name = SnapshotName::new(name).map_err(|e| format!("--name: {e}"))?;
     let topic = topic.map(topic_of).transpose()?;
     let session = session(connection).await?;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let now_ms = cluster_state::clock::now_millis();
     let taken = Admin::new(&session, connection.paths()?)
         .snapshot(&group, &name, topic.as_ref(), now_ms)
         .await

@@ -368,6 +368,8 @@ enum Backend {
 /// from the server (a result or a server-side error) confirms the session as of the send time.
 macro_rules! dispatch {
     ($self:ident . $method:ident ( $($arg:expr),* )) => {{
+        // The request's real latency, for the histogram, even when a test pauses tokio's clock.
+        #[allow(clippy::disallowed_types)]
         let started = std::time::Instant::now();
         let sent = LeaseInstant::now();
         let result = match &$self.backend {
@@ -497,6 +499,24 @@ impl Session {
         dispatch!(self.set(path, data, expected_version))
     }
 
+    /// Writes `data` to a persistent node whether or not it exists: sets it (any version), or
+    /// creates it and its missing parents. Last writer wins, so use it only for nodes with one
+    /// writer (a worker's heartbeat, nimbus's assignment); a node created concurrently between
+    /// the set and the create is set again.
+    pub async fn set_or_create(&self, path: &str, data: &[u8]) -> Result<()> {
+        match self.set(path, data, None).await {
+            Ok(_) => Ok(()),
+            Err(Error::NoNode { .. }) => {
+                match self.create(path, data, CreateMode::Persistent.with_parents()).await {
+                    Ok(_) => Ok(()),
+                    Err(Error::NodeExists { .. }) => self.set(path, data, None).await.map(|_| ()),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Deletes a childless node if its version is `expected_version` (any version on `None`).
     pub async fn delete(&self, path: &str, expected_version: Option<i32>) -> Result<()> {
         validate_path(path)?;
@@ -538,6 +558,16 @@ impl Session {
     pub async fn children(&self, path: &str) -> Result<Vec<String>> {
         validate_path(path)?;
         dispatch!(self.children(path))
+    }
+
+    /// Like [`Session::children`], but a node that does not exist has no children (nothing was
+    /// ever written under it) rather than being an error.
+    pub async fn children_or_empty(&self, path: &str) -> Result<Vec<String>> {
+        match self.children(path).await {
+            Ok(children) => Ok(children),
+            Err(Error::NoNode { .. }) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Lists a node's children and leaves a watch for the next child change or its deletion.

@@ -4,7 +4,6 @@
 #![allow(dead_code)] // each test binary uses a different part
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,16 +20,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-pub const DEADLINE: Duration = Duration::from_secs(30);
+pub use test_harness::eventually;
 
-/// Polls `check` until it returns `Some`, failing the test at `deadline`.
-pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    test_harness::eventually(deadline, what, check).await
-}
+pub const DEADLINE: Duration = Duration::from_secs(30);
 
 pub fn topic(name: &str) -> Topic {
     Topic::new(name).unwrap()
@@ -378,7 +370,7 @@ pub async fn read_owners(
 pub async fn wait_for_assignment(session: &Session, group: &Group, members: &[&Running], deadline: Duration) {
     let expected = group.expected(members);
     assert_eq!(expected.len(), group.partitions.values().map(BTreeSet::len).sum::<usize>());
-    eventually("owners to match the range assignment", deadline, || async {
+    eventually(deadline, "owners to match the range assignment", || async {
         let owners = read_owners(session, &group.paths, &group.group, &group.partitions).await;
         let visible_ok = members.iter().all(|m| {
             let mine: BTreeMap<TopicPartition, ConsumerThreadId> = expected

@@ -19,19 +19,7 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
 use worker::{Bolt, BoltCollector, ComponentError, Tuple};
 
-/// Polls `cond` every 10 ms until it holds or `within` passes; returns whether it held.
-pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+pub use test_harness::wait_until;
 
 /// librdkafka's in-process mock cluster with some topics.
 pub struct MockKafka {

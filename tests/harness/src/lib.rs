@@ -95,7 +95,7 @@ mod spawn;
 mod wait;
 
 pub use relay::TcpRelay;
-pub use wait::{eventually, wait_until};
+pub use wait::{eventually, eventually_true, wait_for, wait_until};
 
 use std::ffi::OsString;
 use std::fmt::Write as _;

@@ -33,11 +33,7 @@ fn process_gone(pid: u32) -> bool {
 }
 
 fn wait_until_gone(pid: u32) {
-    let deadline = Instant::now() + GONE_DEADLINE;
-    while !process_gone(pid) {
-        assert!(Instant::now() < deadline, "process {pid} still alive after {GONE_DEADLINE:?}");
-        thread::sleep(Duration::from_millis(20));
-    }
+    test_harness::wait_for(GONE_DEADLINE, &format!("process {pid} to be gone"), || process_gone(pid));
 }
 
 /// Records every session state change of `client` with the time since this call.
