@@ -26,12 +26,15 @@
 //!   process that was killed, and [`Ensemble::resume`] can pick it up again.
 //!
 //! Layout: `error.rs` (the error enum), `memory.rs` (in-memory backend), `zookeeper.rs` (real
-//! ZooKeeper backend), this file (the shared types and what is built on top of the backends:
-//! parent creation, recursive delete, checked ephemerals).
+//! ZooKeeper backend), `lease.rs` (the lease clock and a session's confirmations), `recipes.rs`
+//! (what is built on top of the backends: parent creation, decoding reads, set-or-create,
+//! recursive delete, children-or-empty, checked ephemerals), this file (the shared types and the
+//! calls each backend answers).
 
 mod error;
 mod lease;
 mod memory;
+mod recipes;
 mod zookeeper;
 
 use std::fmt;
@@ -44,7 +47,6 @@ pub use self::error::{Error, Result};
 use self::lease::Confirmations;
 pub use self::lease::LeaseInstant;
 pub use self::memory::MemoryEnsemble;
-use crate::znode::ZnodeData;
 
 /// A ZooKeeper session id, as the server assigns it (shown in hex, like ZooKeeper's logs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -461,30 +463,10 @@ impl Session {
         Ok(())
     }
 
-    /// Creates `path` and its ancestors as empty persistent nodes where missing (`mkdir -p`).
-    pub async fn ensure_path(&self, path: &str) -> Result<()> {
-        match self.create(path, &[], CreateMode::Persistent.with_parents()).await {
-            Ok(_) | Err(Error::NodeExists { .. }) => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-
     /// Reads a node's data and stat.
     pub async fn get(&self, path: &str) -> Result<(Vec<u8>, Stat)> {
         validate_path(path)?;
         dispatch!(self.get(path))
-    }
-
-    /// Reads a node and decodes its payload; garbage is [`Error::Decode`], naming the path.
-    pub async fn read<T: ZnodeData>(&self, path: &str) -> Result<(T, Stat)> {
-        let (data, stat) = self.get(path).await?;
-        Ok((T::decode(path, &data)?, stat))
-    }
-
-    /// Like [`Session::read`], leaving a watch for the node's next change or deletion.
-    pub async fn read_watch<T: ZnodeData>(&self, path: &str) -> Result<(T, Stat, Watch)> {
-        let (data, stat, watch) = self.get_watch(path).await?;
-        Ok((T::decode(path, &data)?, stat, watch))
     }
 
     /// Reads a node and leaves a watch for its next change or deletion.
@@ -499,75 +481,16 @@ impl Session {
         dispatch!(self.set(path, data, expected_version))
     }
 
-    /// Writes `data` to a persistent node whether or not it exists: sets it (any version), or
-    /// creates it and its missing parents. Last writer wins, so use it only for nodes with one
-    /// writer (a worker's heartbeat, nimbus's assignment); a node created concurrently between
-    /// the set and the create is set again.
-    pub async fn set_or_create(&self, path: &str, data: &[u8]) -> Result<()> {
-        match self.set(path, data, None).await {
-            Ok(_) => Ok(()),
-            Err(Error::NoNode { .. }) => {
-                match self.create(path, data, CreateMode::Persistent.with_parents()).await {
-                    Ok(_) => Ok(()),
-                    Err(Error::NodeExists { .. }) => self.set(path, data, None).await.map(|_| ()),
-                    Err(e) => Err(e),
-                }
-            }
-            Err(e) => Err(e),
-        }
-    }
-
     /// Deletes a childless node if its version is `expected_version` (any version on `None`).
     pub async fn delete(&self, path: &str, expected_version: Option<i32>) -> Result<()> {
         validate_path(path)?;
         dispatch!(self.delete(path, expected_version))
     }
 
-    /// Deletes a node and everything under it; a node already gone is not an error.
-    pub async fn delete_recursive(&self, path: &str) -> Result<()> {
-        validate_path(path)?;
-        // Depth-first, children before parents. Nodes may appear while we walk (a worker writing
-        // its heartbeat during a kill): on NotEmpty, walk the node again, a bounded number of times.
-        let mut stack = vec![(path.to_owned(), false)];
-        let mut retries = 0;
-        while let Some((node, expanded)) = stack.pop() {
-            if !expanded {
-                match self.children(&node).await {
-                    Ok(children) => {
-                        stack.push((node.clone(), true));
-                        stack.extend(children.into_iter().map(|c| (join(&node, &c), false)));
-                    }
-                    Err(Error::NoNode { .. }) => {}
-                    Err(e) => return Err(e),
-                }
-                continue;
-            }
-            match self.delete(&node, None).await {
-                Ok(()) | Err(Error::NoNode { .. }) => {}
-                Err(Error::NotEmpty { .. }) if retries < 8 => {
-                    retries += 1;
-                    stack.push((node, false));
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
     /// Lists a node's children (names, unsorted as ZooKeeper returns them).
     pub async fn children(&self, path: &str) -> Result<Vec<String>> {
         validate_path(path)?;
         dispatch!(self.children(path))
-    }
-
-    /// Like [`Session::children`], but a node that does not exist has no children (nothing was
-    /// ever written under it) rather than being an error.
-    pub async fn children_or_empty(&self, path: &str) -> Result<Vec<String>> {
-        match self.children(path).await {
-            Ok(children) => Ok(children),
-            Err(Error::NoNode { .. }) => Ok(Vec::new()),
-            Err(e) => Err(e),
-        }
     }
 
     /// Lists a node's children and leaves a watch for the next child change or its deletion.
@@ -598,44 +521,6 @@ impl Session {
             validate_path(op.path()).map_err(|e| Error::MultiFailed { index, source: Box::new(e) })?;
         }
         dispatch!(self.multi(ops))
-    }
-
-    /// Creates an ephemeral node, treating an existing one as ours only when its ephemeral
-    /// owner is this session *and* it holds `data`.
-    ///
-    /// This is the KAFKA-1387 lesson: after a connection loss the create may have gone through
-    /// without our seeing the reply, so "node exists" alone says nothing about who holds it.
-    /// A node held by another session (or by another holder in this one) is
-    /// [`Error::HeldByOther`], naming the owner. Missing parents are created.
-    pub async fn create_ephemeral_checked(&self, path: &str, data: &[u8]) -> Result<EphemeralClaim> {
-        // The node may vanish between our create and our read (its owner's session ended):
-        // then creating again is right. Bounded, since each round needs such a race.
-        for _ in 0..8 {
-            match self.create(path, data, CreateMode::Ephemeral.with_parents()).await {
-                Ok(_) => return Ok(EphemeralClaim::Created),
-                Err(Error::NodeExists { .. }) => {}
-                Err(e) => return Err(e),
-            }
-            match self.get(path).await {
-                Ok((existing, stat)) => {
-                    let ours = stat.ephemeral_owner == Some(self.id());
-                    if ours && existing == data {
-                        return Ok(EphemeralClaim::AlreadyOurs);
-                    }
-                    return Err(Error::HeldByOther {
-                        path: path.to_owned(),
-                        owner: stat.ephemeral_owner.unwrap_or(SessionId(0)),
-                        data: String::from_utf8_lossy(&existing).into_owned(),
-                    });
-                }
-                Err(Error::NoNode { .. }) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(Error::Backend {
-            path: Some(path.to_owned()),
-            message: "node kept appearing and disappearing during a checked create".into(),
-        })
     }
 
     /// Closes the session: its ephemerals are removed before this returns.

@@ -17,26 +17,31 @@
 //! because they come from the topology definition alone.
 //!
 //! Senders are threads: each peer has a bounded queue of batches; its thread coalesces them into
-//! frames of up to [`MAX_FRAME_ENVELOPES`]. While a peer is unreachable its batches are dropped (acking
-//! replays them) and the thread reconnects with backoff, so one dead worker does not stall the rest.
+//! frames of up to [`MAX_FRAME_ENVELOPES`]. While a peer does not answer, its batches are held
+//! (bounded in envelopes and to `HOLD_MAX`) for when it does, then dropped (acking replays them);
+//! the thread reconnects with backoff, so one dead worker does not stall the rest. The wire
+//! format lives in `codec.rs`.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes};
 use cluster_state::ids::TaskId;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::acker::AckMsg;
-use crate::collector::{Batch, Envelope, Sent};
+use crate::collector::Batch;
 use crate::error::{Error, Result};
 use crate::executor::StreamTable;
-use crate::tuple::{Anchor, Value};
+
+mod codec;
+
+use codec::{bad, decode_each, encode_envelopes, hello, read_frame, write_frame};
+#[cfg(test)]
+use codec::{decode_batch, encode_batch};
 
 const MAGIC: &[u8; 4] = b"SQL1";
 /// Initial capacity of a sender's frame buffer.
@@ -50,232 +55,13 @@ const PEER_QUEUE_BATCHES: usize = 1024;
 const RECONNECT_MIN: Duration = Duration::from_millis(50);
 const RECONNECT_MAX: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(50);
-
-fn bad(peer: &str, reason: impl Into<String>) -> Error {
-    Error::BadFrame { peer: peer.to_owned(), reason: reason.into() }
-}
-
-/// Appends the encoding of `batch` (count and envelopes) to `out`; the sender builds the same
-/// layout incrementally, batch by batch.
-#[cfg(test)]
-pub(crate) fn encode_batch(batch: &[Envelope], out: &mut Vec<u8>) {
-    out.extend_from_slice(&(batch.len() as u32).to_le_bytes());
-    encode_envelopes(batch, out);
-}
-
-/// Appends the envelopes alone (the caller writes the count). Fixed-size parts are assembled on
-/// the stack and appended at once: a call per field was a third of the sender thread.
-fn encode_envelopes(batch: &[Envelope], out: &mut Vec<u8>) {
-    for env in batch {
-        match env {
-            Envelope::Tuple { task, tuple } => {
-                let anchors = tuple.anchors.as_slice();
-                let mut head = [0u8; 15];
-                head[1..5].copy_from_slice(&task.0.to_le_bytes());
-                head[5..9].copy_from_slice(&tuple.source_task.0.to_le_bytes());
-                head[9..13].copy_from_slice(&tuple.stream.to_le_bytes());
-                head[13..15].copy_from_slice(&(anchors.len() as u16).to_le_bytes());
-                out.extend_from_slice(&head);
-                for a in anchors {
-                    let mut pair = [0u8; 16];
-                    pair[..8].copy_from_slice(&a.root.to_le_bytes());
-                    pair[8..].copy_from_slice(&a.edge.to_le_bytes());
-                    out.extend_from_slice(&pair);
-                }
-                out.extend_from_slice(&(tuple.values.len() as u16).to_le_bytes());
-                for v in &tuple.values {
-                    encode_value(v, out);
-                }
-            }
-            Envelope::Ack { task, msg } => {
-                let (kind, root, val, extra) = match *msg {
-                    AckMsg::Init { root, val, spout_task } => (0u8, root, val, spout_task.0),
-                    AckMsg::Ack { root, val } => (1, root, val, 0),
-                    AckMsg::Fail { root } => (2, root, 0, 0),
-                    AckMsg::Done { root, ok } => (3, root, 0, u32::from(ok)),
-                    // Sent only within a worker; encoded all the same, so every message has a form.
-                    AckMsg::TasksMoved => (4, 0, 0, 0),
-                };
-                let mut ack = [0u8; 26];
-                ack[0] = 1;
-                ack[1..5].copy_from_slice(&task.0.to_le_bytes());
-                ack[5] = kind;
-                ack[6..14].copy_from_slice(&root.to_le_bytes());
-                ack[14..22].copy_from_slice(&val.to_le_bytes());
-                ack[22..26].copy_from_slice(&extra.to_le_bytes());
-                out.extend_from_slice(&ack);
-            }
-        }
-    }
-}
-
-fn encode_value(v: &Value, out: &mut Vec<u8>) {
-    let mut fixed = [0u8; 9];
-    let (tag, payload): (u8, &[u8]) = match v {
-        Value::Null => (0, &[]),
-        Value::Bool(b) => {
-            fixed[1] = u8::from(*b);
-            out.extend_from_slice(&[1, fixed[1]]);
-            return;
-        }
-        Value::Int(i) => {
-            fixed[1..].copy_from_slice(&i.to_le_bytes());
-            (2, &[])
-        }
-        Value::Float(f) => {
-            fixed[1..].copy_from_slice(&f.to_le_bytes());
-            (3, &[])
-        }
-        Value::Str(s) => (4, s.as_bytes()),
-        Value::Bytes(b) => (5, b),
-    };
-    fixed[0] = tag;
-    match tag {
-        0 => out.push(0),
-        2 | 3 => out.extend_from_slice(&fixed),
-        _ => {
-            fixed[1..5].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-            out.extend_from_slice(&fixed[..5]);
-            out.extend_from_slice(payload);
-        }
-    }
-}
-
-/// Checks that `buf` holds `n` more bytes.
-fn need(buf: &Bytes, n: usize, peer: &str) -> Result<()> {
-    if buf.remaining() < n { Err(bad(peer, "truncated batch")) } else { Ok(()) }
-}
-
-/// Decodes one batch payload.
-#[cfg(test)]
-pub(crate) fn decode_batch(buf: Bytes, table: &StreamTable, peer: &str) -> Result<Batch> {
-    let mut out = Vec::new();
-    decode_each(buf, table, peer, |env| out.push(env))?;
-    Ok(out)
-}
-
-/// Decodes one batch payload, handing each envelope to `out` as it is read (the receiver puts
-/// it straight into its destination's batch). On an error, envelopes before it were handed.
-pub(crate) fn decode_each(
-    mut buf: Bytes,
-    table: &StreamTable,
-    peer: &str,
-    mut out: impl FnMut(Envelope),
-) -> Result<()> {
-    need(&buf, 4, peer)?;
-    let count = buf.get_u32_le() as usize;
-    for _ in 0..count {
-        need(&buf, 5, peer)?;
-        let tag = buf.get_u8();
-        let task = TaskId(buf.get_u32_le());
-        match tag {
-            0 => {
-                need(&buf, 10, peer)?;
-                let source_task = TaskId(buf.get_u32_le());
-                let index = buf.get_u32_le();
-                let meta = table
-                    .metas
-                    .get(index as usize)
-                    .ok_or_else(|| bad(peer, format!("unknown stream index {index}")))?;
-                let n = buf.get_u16_le() as usize;
-                need(&buf, n * 16 + 2, peer)?;
-                let anchors =
-                    (0..n).map(|_| Anchor { root: buf.get_u64_le(), edge: buf.get_u64_le() }).collect();
-                let n = buf.get_u16_le() as usize;
-                let mut values = crate::tuple::Values::with_capacity(n);
-                for _ in 0..n {
-                    need(&buf, 1, peer)?;
-                    let v = match buf.get_u8() {
-                        0 => Value::Null,
-                        1 => {
-                            need(&buf, 1, peer)?;
-                            Value::Bool(buf.get_u8() != 0)
-                        }
-                        2 => {
-                            need(&buf, 8, peer)?;
-                            Value::Int(buf.get_i64_le())
-                        }
-                        3 => {
-                            need(&buf, 8, peer)?;
-                            Value::Float(buf.get_f64_le())
-                        }
-                        t @ (4 | 5) => {
-                            need(&buf, 4, peer)?;
-                            let len = buf.get_u32_le() as usize;
-                            need(&buf, len, peer)?;
-                            let bytes = buf.split_to(len);
-                            if t == 4 {
-                                let s = std::str::from_utf8(&bytes)
-                                    .map_err(|_| bad(peer, "string value is not UTF-8"))?;
-                                Value::from(s)
-                            } else {
-                                Value::Bytes(bytes)
-                            }
-                        }
-                        t => return Err(bad(peer, format!("unknown value tag {t}"))),
-                    };
-                    values.push(v);
-                }
-                if values.len() != meta.fields.len() {
-                    return Err(bad(
-                        peer,
-                        format!("{} values for stream {:?} of {}", values.len(), meta.stream, meta.component),
-                    ));
-                }
-                out(Envelope::Tuple { task, tuple: Sent { values, stream: index, source_task, anchors } });
-            }
-            1 => {
-                need(&buf, 21, peer)?;
-                let kind = buf.get_u8();
-                let root = buf.get_u64_le();
-                let val = buf.get_u64_le();
-                let extra = buf.get_u32_le();
-                let msg = match kind {
-                    0 => AckMsg::Init { root, val, spout_task: TaskId(extra) },
-                    1 => AckMsg::Ack { root, val },
-                    2 => AckMsg::Fail { root },
-                    3 => AckMsg::Done { root, ok: extra != 0 },
-                    4 => AckMsg::TasksMoved,
-                    k => return Err(bad(peer, format!("unknown ack kind {k}"))),
-                };
-                out(Envelope::Ack { task, msg });
-            }
-            t => return Err(bad(peer, format!("unknown envelope tag {t}"))),
-        }
-    }
-    if buf.has_remaining() {
-        return Err(bad(peer, "trailing bytes after batch"));
-    }
-    Ok(())
-}
-
-fn hello(topology_id: &str) -> Vec<u8> {
-    let mut v = Vec::with_capacity(8 + topology_id.len());
-    v.extend_from_slice(MAGIC);
-    v.extend_from_slice(topology_id.as_bytes());
-    v
-}
-
-fn write_frame(w: &mut impl Write, payload: &[u8]) -> std::io::Result<()> {
-    w.write_all(&(payload.len() as u32).to_be_bytes())?;
-    w.write_all(payload)
-}
-
-fn read_frame(r: &mut impl Read, peer: &str) -> Result<Option<Bytes>> {
-    let mut len = [0u8; 4];
-    match r.read_exact(&mut len) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(Error::io(format!("read from {peer}"), e)),
-    }
-    let len = u32::from_be_bytes(len) as usize;
-    if len > FRAME_LIMIT {
-        return Err(bad(peer, format!("frame of {len} bytes exceeds the limit")));
-    }
-    let mut buf = vec![0u8; len];
-    r.read_exact(&mut buf).map_err(|e| Error::io(format!("read from {peer}"), e))?;
-    Ok(Some(Bytes::from(buf)))
-}
+/// Batches for a peer that does not answer yet (a worker just assigned, still starting) are
+/// held and delivered once it does, so their trees complete instead of waiting for the message
+/// timeout (and with them a Kafka partition's drained hand-off). Bounded in envelopes and in
+/// time: a peer unreachable for longer is gone, and what it would have received is dropped (its
+/// trees fail at once when the assignment moves its tasks, or by timeout).
+const HOLD_MAX_ENVELOPES: usize = 16_384;
+const HOLD_MAX: Duration = Duration::from_secs(10);
 
 /// Counters of the transport, for metrics and tests.
 #[derive(Debug, Default)]
@@ -357,6 +143,9 @@ fn send_loop(
     let mut backoff = RECONNECT_MIN;
     let mut next_attempt = std::time::Instant::now();
     let mut frame: Vec<u8> = Vec::with_capacity(MAX_FRAME_BYTES + 4096);
+    let mut held = Held::default();
+    // Unreachable since when (a new peer counts from its start).
+    let mut unreachable_since = Some(std::time::Instant::now());
     loop {
         if conn.is_none() && std::time::Instant::now() >= next_attempt {
             match connect(host, port).and_then(|mut s| {
@@ -368,6 +157,7 @@ fn send_loop(
                     stats.connects.fetch_add(1, Ordering::Relaxed);
                     conn = Some(w);
                     backoff = RECONNECT_MIN;
+                    unreachable_since = None;
                 }
                 Err(e) => {
                     tracing::debug!(peer = %format!("{host}:{port}"), error = %e, "peer worker unreachable");
@@ -376,18 +166,28 @@ fn send_loop(
                 }
             }
         }
-        let first = match rx.recv_timeout(POLL) {
-            Ok(b) => b,
-            Err(RecvTimeoutError::Timeout) => {
-                if stop.load(Ordering::Relaxed) {
-                    return;
+        if unreachable_since.is_some_and(|since| since.elapsed() >= HOLD_MAX) {
+            let dropped = held.clear();
+            stats.batches_dropped.fetch_add(dropped, Ordering::Relaxed);
+        }
+        let first = match held.take_if(conn.is_some()) {
+            Some(b) => b,
+            None => match rx.recv_timeout(POLL) {
+                Ok(b) => b,
+                Err(RecvTimeoutError::Timeout) => {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    continue;
                 }
-                continue;
-            }
-            Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Disconnected) => return,
+            },
         };
         let Some(w) = conn.as_mut() else {
-            stats.batches_dropped.fetch_add(1, Ordering::Relaxed);
+            let holding = unreachable_since.is_some_and(|since| since.elapsed() < HOLD_MAX);
+            if !(holding && held.push(first)) {
+                stats.batches_dropped.fetch_add(1, Ordering::Relaxed);
+            }
             continue;
         };
         // Coalesce queued batches into one frame: length, one count, all envelopes. Each batch
@@ -398,7 +198,8 @@ fn send_loop(
         encode_envelopes(&first, &mut frame);
         drop(first);
         while count < MAX_FRAME_ENVELOPES {
-            let Ok(more) = rx.try_recv() else { break };
+            // Held batches first, so a peer gets its batches in the order they were sent.
+            let Some(more) = held.take_if(true).or_else(|| rx.try_recv().ok()) else { break };
             count += more.len();
             encode_envelopes(&more, &mut frame);
         }
@@ -415,11 +216,48 @@ fn send_loop(
                 stats.batches_dropped.fetch_add(1, Ordering::Relaxed);
                 conn = None;
                 next_attempt = std::time::Instant::now();
+                unreachable_since = Some(std::time::Instant::now());
             }
         }
         if stop.load(Ordering::Relaxed) && rx.is_empty() {
             return;
         }
+    }
+}
+
+/// Batches held for a peer that does not answer yet, oldest first, at most
+/// [`HOLD_MAX_ENVELOPES`] envelopes.
+#[derive(Debug, Default)]
+struct Held {
+    batches: std::collections::VecDeque<Batch>,
+    envelopes: usize,
+}
+
+impl Held {
+    /// Holds `batch` if there is room; says whether it did.
+    fn push(&mut self, batch: Batch) -> bool {
+        if self.envelopes + batch.len() > HOLD_MAX_ENVELOPES {
+            return false;
+        }
+        self.envelopes += batch.len();
+        self.batches.push_back(batch);
+        true
+    }
+
+    /// The oldest held batch, when `connected`.
+    fn take_if(&mut self, connected: bool) -> Option<Batch> {
+        if !connected {
+            return None;
+        }
+        let batch = self.batches.pop_front()?;
+        self.envelopes -= batch.len();
+        Some(batch)
+    }
+
+    /// Drops everything held; returns how many batches.
+    fn clear(&mut self) -> u64 {
+        self.envelopes = 0;
+        std::mem::take(&mut self.batches).len() as u64
     }
 }
 
@@ -585,6 +423,14 @@ fn receive_loop(
 mod tests {
     use proptest::prelude::*;
 
+    use std::io::Read;
+
+    use bytes::Bytes;
+
+    use crate::acker::AckMsg;
+    use crate::collector::{Envelope, Sent};
+    use crate::tuple::{Anchor, Value};
+
     use super::*;
     use crate::builtin::{SplitSentence, WordCount};
     use crate::topology::TopologyBuilder;
@@ -720,6 +566,52 @@ mod tests {
             other => panic!("connection still open after a corrupt frame: {other:?}"),
         }
         assert!(rx.try_recv().is_err(), "part of a corrupt frame was delivered");
+        receiver.stop();
+    }
+
+    #[test]
+    fn batches_for_a_peer_that_starts_late_are_delivered_once_it_listens() {
+        // A worker just assigned is still starting when its peers send to it: what they send
+        // meanwhile is held, not dropped, so the trees complete instead of timing out.
+        let table = Arc::new(table());
+        let stream = table.metas.iter().find(|m| m.component.as_str() == "split").unwrap().index;
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let stats = Arc::new(TransportStats::default());
+        let sender = PeerSender::start("127.0.0.1".into(), port, "topo-1-1".into(), stats.clone()).unwrap();
+        let word = |w: &str| Envelope::Tuple {
+            task: TaskId(3),
+            tuple: Sent {
+                values: [Value::from(w)].into_iter().collect(),
+                stream,
+                source_task: TaskId(2),
+                anchors: Anchors::None,
+            },
+        };
+        sender.tx.send(vec![word("early")]).unwrap();
+        sender.tx.send(vec![word("also early")]).unwrap();
+        // The peer is not there: its connection attempts fail until it listens.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while stats.connects.load(Ordering::Relaxed) == 0 && !sender.tx.is_empty() {
+            assert!(std::time::Instant::now() < deadline, "the sender never took the batches");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
+        let receiver =
+            PeerReceiver::start("127.0.0.1", port, "topo-1-1".into(), table, dispatch, stats.clone())
+                .unwrap();
+        let mut words = Vec::new();
+        while words.len() < 2 {
+            let batch = rx.recv_timeout(Duration::from_secs(10)).expect("held batches delivered");
+            for e in batch {
+                if let Envelope::Tuple { tuple, .. } = e {
+                    words.push(tuple.values[0].as_str().unwrap_or_default().to_owned());
+                }
+            }
+        }
+        assert_eq!(words, ["early", "also early"], "delivered in order");
+        assert_eq!(stats.batches_dropped.load(Ordering::Relaxed), 0);
+        sender.stop();
         receiver.stop();
     }
 
