@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use cluster_state::coord::{Ensemble, Session, SessionOptions};
 use kafka_spout::KafkaSpoutConfig;
 use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
@@ -92,18 +91,7 @@ pub fn read_records(
     within: Duration,
     drain_idle_polls: u32,
 ) -> Vec<(String, u64)> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "test-reader")
-        .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "10")
-        .create()
-        .unwrap();
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning).unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
+    let consumer = traffic::reader(bootstrap, topic, partitions);
     let mut out = Vec::new();
     let mut distinct = std::collections::BTreeSet::new();
     let deadline = Instant::now() + within;

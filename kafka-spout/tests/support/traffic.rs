@@ -70,18 +70,7 @@ pub fn record_arrivals(
     seen: Arc<Mutex<Vec<(u64, Instant)>>>,
 ) -> JoinHandle<()> {
     std::thread::spawn(move || {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &bootstrap)
-            .set("group.id", "arrivals")
-            .set("enable.auto.commit", "false")
-            .set("fetch.wait.max.ms", "10")
-            .create()
-            .unwrap();
-        let mut tpl = rdkafka::TopicPartitionList::new();
-        for p in 0..partitions {
-            tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning).unwrap();
-        }
-        consumer.assign(&tpl).unwrap();
+        let consumer = reader(&bootstrap, topic, partitions);
         let started = Instant::now();
         while !stop.load(Ordering::Relaxed) && started.elapsed() < LIMIT {
             if let Some(Ok(m)) = consumer.poll(Duration::from_millis(50))
@@ -91,4 +80,21 @@ pub fn record_arrivals(
             }
         }
     })
+}
+
+/// A consumer of every partition of `topic` from the start, outside any group.
+pub fn reader(bootstrap: &str, topic: &str, partitions: i32) -> BaseConsumer {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "test-reader")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "10")
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    consumer
 }

@@ -518,6 +518,19 @@ mod tests {
         }
     }
 
+    /// A one-word tuple from task 2 for task 3 on `stream`.
+    fn word(stream: u32, w: &str) -> Envelope {
+        Envelope::Tuple {
+            task: TaskId(3),
+            tuple: Sent {
+                values: [Value::from(w)].into_iter().collect(),
+                stream,
+                source_task: TaskId(2),
+                anchors: Anchors::None,
+            },
+        }
+    }
+
     #[test]
     fn a_corrupt_frame_delivers_nothing_and_closes_the_connection() {
         let table = Arc::new(table());
@@ -536,15 +549,7 @@ mod tests {
         let mut conn = TcpStream::connect(receiver.local_addr()).unwrap();
         conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         write_frame(&mut conn, &hello("topo-1-1")).unwrap();
-        let word = |w: &str| Envelope::Tuple {
-            task: TaskId(3),
-            tuple: Sent {
-                values: [Value::from(w)].into_iter().collect(),
-                stream,
-                source_task: TaskId(2),
-                anchors: Anchors::None,
-            },
-        };
+        let word = |w: &str| word(stream, w);
         // A good frame arrives as one batch.
         let mut good = Vec::new();
         encode_batch(&[word("a"), word("b")], &mut good);
@@ -578,15 +583,7 @@ mod tests {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let stats = Arc::new(TransportStats::default());
         let sender = PeerSender::start("127.0.0.1".into(), port, "topo-1-1".into(), stats.clone()).unwrap();
-        let word = |w: &str| Envelope::Tuple {
-            task: TaskId(3),
-            tuple: Sent {
-                values: [Value::from(w)].into_iter().collect(),
-                stream,
-                source_task: TaskId(2),
-                anchors: Anchors::None,
-            },
-        };
+        let word = |w: &str| word(stream, w);
         sender.tx.send(vec![word("early")]).unwrap();
         sender.tx.send(vec![word("also early")]).unwrap();
         // The peer is not there: its connection attempts fail until it listens.
