@@ -313,7 +313,13 @@ async fn a_peer_moving_to_another_port_is_followed_through_the_assignment() {
     // The other worker stops; nimbus moves its executors to a new port.
     tb.cancel();
     hb.await.unwrap().unwrap();
-    let moved = WorkerSlot { node: sup.clone(), port: free_port() };
+    // A port nobody listens on, and not the gone worker's (the kernel may hand it out again).
+    let moved = loop {
+        let port = free_port();
+        if port != a.port && port != b.port {
+            break WorkerSlot { node: sup.clone(), port };
+        }
+    };
     let mut next = assignment.clone();
     for e in &mut next.executors {
         if e.slot() == other {
@@ -494,6 +500,7 @@ async fn trees_through_a_worker_that_is_gone_fail_when_its_tasks_move() {
     // wait the whole message timeout (and with them a Kafka partition's drained hand-off).
     // Once the assignment moves the dead worker's tasks, they fail within a second or two.
     const TIMEOUT_SECS: u64 = 60;
+    test_harness::logs::capture();
     let c = Cluster::new("trees_lost").await;
     let sup = SupervisorId::new("sup-1").unwrap();
     let (a, b) = (
@@ -529,7 +536,13 @@ async fn trees_through_a_worker_that_is_gone_fail_when_its_tasks_move() {
     .await;
     let failed_before = c.failed(&spout_slot, &layout, "sentences").await;
     // Nimbus moves the gone worker's executors to a new port (no worker runs there yet).
-    let moved = WorkerSlot { node: sup.clone(), port: free_port() };
+    // A port nobody listens on, and not the gone worker's (the kernel may hand it out again).
+    let moved = loop {
+        let port = free_port();
+        if port != a.port && port != b.port {
+            break WorkerSlot { node: sup.clone(), port };
+        }
+    };
     let mut next = assignment.clone();
     for e in &mut next.executors {
         if e.slot() == other {
@@ -538,10 +551,25 @@ async fn trees_through_a_worker_that_is_gone_fail_when_its_tasks_move() {
     }
     c.session.set(&c.paths.assignment(&c.id), &next.encode(), None).await.unwrap();
     let moved_at = Instant::now();
-    eventually_true(Duration::from_secs(15), "tuples through the gone worker to fail", || async {
-        c.failed(&spout_slot, &layout, "sentences").await > failed_before
-    })
-    .await;
+    let spout_stats = || async {
+        c.beat(&spout_slot)
+            .await
+            .and_then(|beat| beat.executor_stats.into_iter().find(|s| s.executor == spout_exec))
+    };
+    let deadline = Instant::now() + Duration::from_secs(TIMEOUT_SECS / 4);
+    loop {
+        let stats = spout_stats().await;
+        if stats.as_ref().is_some_and(|s| s.failed > failed_before) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tuples through the gone worker did not fail within {:?} of the move (failed before: \
+             {failed_before}); the spout's last heartbeat: {stats:?}",
+            Duration::from_secs(TIMEOUT_SECS / 4)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let took = moved_at.elapsed();
     assert!(took < Duration::from_secs(TIMEOUT_SECS / 4), "failed only after {took:?}");
     println!(

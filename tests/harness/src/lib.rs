@@ -90,6 +90,7 @@
 // Test-support code: panicking with a clear message is how a broken test environment is reported.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod logs;
 mod relay;
 mod spawn;
 mod wait;
