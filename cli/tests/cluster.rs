@@ -76,6 +76,12 @@ impl Drop for Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // To study a run afterwards: every process's log (nimbus, supervisors, workers) is kept
+        // under `SQUALL_E2E_LOG_DIR/<test root>/` when that variable is set.
+        if let Some(keep) = std::env::var_os("SQUALL_E2E_LOG_DIR") {
+            let name = self.root.path().file_name().unwrap_or_default().to_owned();
+            keep_logs(self.root.path(), &PathBuf::from(keep).join(name));
+        }
         if std::thread::panicking() {
             for log in ["nimbus", "sup-a", "sup-b", "sup-c"] {
                 let path = self.root.path().join(format!("{log}.log"));
@@ -87,6 +93,20 @@ impl Drop for Cluster {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Copies every `*.log` file under `from` to `to`, keeping the relative paths.
+fn keep_logs(from: &std::path::Path, to: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(from) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            keep_logs(&path, &to.join(entry.file_name()));
+        } else if path.extension().is_some_and(|e| e == "log") {
+            let _ = std::fs::create_dir_all(to);
+            let _ = std::fs::copy(&path, to.join(entry.file_name()));
         }
     }
 }

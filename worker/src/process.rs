@@ -431,6 +431,14 @@ fn take_status(
     }
 }
 
+/// One ZooKeeper session of a worker: start the executors for the assignment, then one
+/// `select!` loop until shutdown or a fatal error.
+///
+/// Why one long function: the loop's state (the plan, the armed watches, the last known status,
+/// the two heartbeat timers, the error throttle) lives for exactly one session and every arm
+/// reads or writes several parts of it; the decisions themselves are small helpers
+/// (`take_status`, `apply_activation`, `tasks_moved`, `plan_worker`). Splitting the loop would
+/// pass that state around as a dozen `&mut` arguments without making any decision clearer.
 #[allow(clippy::too_many_lines)]
 async fn run_session(
     args: &WorkerArgs,
