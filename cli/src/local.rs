@@ -511,70 +511,87 @@ async fn run_cluster(
         }
     });
 
-    let outcome = async {
-        let client = NimbusClient::new(nimbus_address, None);
-        let upload = submit_when_up(&client, text).await?;
-        let request = SubmitTopology {
-            topology_upload: upload,
-            worker_upload: None,
-            inactive: false,
-            owner: "local".into(),
-        };
-        let id = client.submit(&request).await.map_err(|e| e.to_string())?.id;
-        eprintln!("squall local: submitted as {id}");
-        let session = ensemble.connect(&SessionOptions::default()).await.map_err(|e| e.to_string())?;
-        let paths = StormPaths::default();
-        let started = Instant::now();
-        let stop = async {
-            match cmd.duration {
-                Some(secs) => tokio::time::sleep(Duration::from_secs(secs)).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::pin!(stop);
-        let mut signalled = std::pin::pin!(cluster_state::signal::terminate_requested());
-        let period = Duration::from_secs(cmd.progress.max(1));
-        let mut tick = tokio::time::interval_at(Instant::now() + period, period);
-        let (mut before, mut last) = (BTreeMap::new(), Instant::now());
-        loop {
-            tokio::select! {
-                () = &mut stop => break,
-                () = &mut signalled => break,
-                _ = tick.tick() => {
-                    if cmd.progress > 0 {
-                        let now = read_totals(&session, &paths, &id, layout, components).await;
-                        eprintln!("{}", progress_line(started.elapsed(), &now, &before, last.elapsed(), components));
-                        (before, last) = (now, Instant::now());
-                    }
-                }
-            }
-        }
-        let totals = read_totals(&session, &paths, &id, layout, components).await;
-        let errors = client.errors(&id).await.ok();
-        // Remove the topology (its znodes matter with a real --zookeeper, which outlives us).
-        if let Err(e) = client.kill(&id, 0).await {
-            eprintln!("squall local: could not kill {id}: {e}");
-        }
-        let removed = Instant::now() + DRAIN;
-        while Instant::now() < removed && session.exists(&paths.storm(&id)).await.is_ok_and(|s| s.is_some()) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let _ = session.close().await;
-        Ok::<_, String>((started.elapsed(), totals, errors))
-    }
-    .await;
+    let outcome = drive(cmd, text, &ensemble, nimbus_address, layout, components).await;
 
     eprintln!("squall local: stopping (draining in-flight tuples for up to {} s)", DRAIN.as_secs());
     shutdown.cancel();
     let _ = supervisor.await;
     launcher.stop_all(DRAIN).await;
     let _ = nimbus.await;
-    let (ran, totals, errors) = outcome?;
+    let Ran { took: ran, totals, errors } = outcome?;
     for e in errors.iter().flat_map(|reply| &reply.errors) {
         eprintln!("error in {}: {}", e.component, e.error);
     }
     eprintln!("squall local: ran {:.1} s\n{}", ran.as_secs_f64(), summary_table(&totals, components));
     Ok(())
+}
+
+/// What a local run saw: how long it ran, the components' totals, the errors nimbus kept.
+struct Ran {
+    took: Duration,
+    totals: BTreeMap<String, Totals>,
+    errors: Option<cluster_state::api::TopologyErrors>,
+}
+
+/// Submits the topology to the in-process nimbus, prints progress until the duration ends or a
+/// signal arrives, reads the totals, then kills the topology and waits (bounded) for it to go.
+async fn drive(
+    cmd: &LocalCommand,
+    text: &str,
+    ensemble: &Ensemble,
+    nimbus_address: String,
+    layout: &TaskLayout,
+    components: &[(String, bool)],
+) -> Result<Ran, String> {
+    let client = NimbusClient::new(nimbus_address, None);
+    let upload = submit_when_up(&client, text).await?;
+    let request = SubmitTopology {
+        topology_upload: upload,
+        worker_upload: None,
+        inactive: false,
+        owner: "local".into(),
+    };
+    let id = client.submit(&request).await.map_err(|e| e.to_string())?.id;
+    eprintln!("squall local: submitted as {id}");
+    let session = ensemble.connect(&SessionOptions::default()).await.map_err(|e| e.to_string())?;
+    let paths = StormPaths::default();
+    let started = Instant::now();
+    let stop = async {
+        match cmd.duration {
+            Some(secs) => tokio::time::sleep(Duration::from_secs(secs)).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(stop);
+    let mut signalled = std::pin::pin!(cluster_state::signal::terminate_requested());
+    let period = Duration::from_secs(cmd.progress.max(1));
+    let mut tick = tokio::time::interval_at(Instant::now() + period, period);
+    let (mut before, mut last) = (BTreeMap::new(), Instant::now());
+    loop {
+        tokio::select! {
+            () = &mut stop => break,
+            () = &mut signalled => break,
+            _ = tick.tick() => {
+                if cmd.progress > 0 {
+                    let now = read_totals(&session, &paths, &id, layout, components).await;
+                    eprintln!("{}", progress_line(started.elapsed(), &now, &before, last.elapsed(), components));
+                    (before, last) = (now, Instant::now());
+                }
+            }
+        }
+    }
+    let totals = read_totals(&session, &paths, &id, layout, components).await;
+    let errors = client.errors(&id).await.ok();
+    // Remove the topology (its znodes matter with a real --zookeeper, which outlives us).
+    if let Err(e) = client.kill(&id, 0).await {
+        eprintln!("squall local: could not kill {id}: {e}");
+    }
+    let removed = Instant::now() + DRAIN;
+    while Instant::now() < removed && session.exists(&paths.storm(&id)).await.is_ok_and(|s| s.is_some()) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = session.close().await;
+    Ok(Ran { took: started.elapsed(), totals, errors })
 }
 
 /// Uploads the topology once nimbus answers (it starts alongside).
