@@ -764,3 +764,111 @@ async fn kafka_partitions_keep_flowing_when_a_supervisor_dies_with_its_workers()
     }
     println!("supervisor kill -9: worst partition gap {worst:?} (bound {bound:?})");
 }
+
+/// Issue 15, the replay story on a real cluster with a real broker: a live group cannot be
+/// reset; `deactivate` empties the group (`/ids`) within the message timeout; a reset to the
+/// earliest offsets and `activate` deliver every message again; `squall replay` does all of it
+/// in one command, and the topology keeps running afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deactivate_reset_activate_and_squall_replay_deliver_every_message_again() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    const MESSAGES: u64 = 400;
+    let broker = tokio::task::block_in_place(|| {
+        let broker = tansu::Tansu::start();
+        broker.create_topic("replay-in", 4);
+        broker.create_topic("replay-out", 4);
+        broker
+    });
+    let mut cluster = Cluster::new("replay_story").await;
+    cluster.start_nimbus();
+    cluster.start_supervisor("sup-a", &[free_port(), free_port()]);
+    let session = cluster.session().await;
+    supervisors(&session, 1).await;
+    let topology = cluster.dir("replay.yaml");
+    std::fs::write(
+        &topology,
+        format!(
+            "name: replay\n\
+             config:\n  topology.workers: 2\n  topology.max.spout.pending: 200\n  topology.message.timeout.secs: 10\n\
+             spouts:\n  - id: kafka\n    className: kafka-spout\n    parallelism: 2\n    params:\n\
+             \x20     bootstrap_servers: \"{bootstrap}\"\n      topics: [replay-in]\n      group_id: replay\n\
+             \x20     auto_offset_reset: smallest\n      zookeeper_connect: \"{zk}\"\n\
+             \x20     offsets_commit_interval_ms: 200\n\
+             \x20     registry: {{zookeeper_session_timeout_ms: 4000, rebalance_backoff_ms: 200}}\n\
+             \x20     librdkafka: {{fetch.wait.max.ms: \"10\"}}\n\
+             bolts:\n  - id: out\n    className: kafka-bolt\n    parallelism: 2\n    params:\n\
+             \x20     bootstrap_servers: \"{bootstrap}\"\n      topic: replay-out\n      key_field: key\n      value_field: value\n\
+             streams:\n  - from: kafka\n    to: out\n    grouping: {{type: SHUFFLE}}\n",
+            bootstrap = broker.bootstrap(),
+            zk = cluster.zookeeper,
+        ),
+    )
+    .unwrap();
+    let (produced, producing_stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+    let producing =
+        traffic::produce_paced(broker.bootstrap(), "replay-in", 4, 2000, produced.clone(), producing_stop.clone());
+    eventually(Duration::from_secs(60), "the input to be produced", || async {
+        (produced.load(Ordering::SeqCst) >= MESSAGES).then_some(())
+    })
+    .await;
+    producing_stop.store(true, Ordering::Relaxed);
+    producing.join().unwrap();
+    let produced = produced.load(Ordering::SeqCst);
+    let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Vec::new())));
+    let reading = traffic::record_arrivals(broker.bootstrap(), "replay-out", 4, stop.clone(), seen.clone());
+    let out = cluster.squall(&["submit", &topology.display().to_string()]);
+    assert!(out.status.success(), "submit: {}", text(&out));
+    // Every number delivered at least `times` times.
+    let delivered = |times: usize| {
+        let seen = seen.clone();
+        move || {
+            let seen = seen.clone();
+            async move {
+                let mut counts = BTreeMap::<u64, usize>::new();
+                for (n, _) in seen.lock().unwrap().iter() {
+                    *counts.entry(*n).or_default() += 1;
+                }
+                (0..produced).all(|n| counts.get(&n).is_some_and(|c| *c >= times)).then_some(())
+            }
+        }
+    };
+    eventually(Duration::from_secs(120), "every message delivered once", delivered(1)).await;
+    let ids = |session: &Session| {
+        let session = session.clone();
+        async move { session.children("/consumers/replay/ids").await.unwrap_or_default() }
+    };
+    assert_eq!(ids(&session).await.len(), 2, "both spout tasks are members");
+    let reset = ["offsets", "reset", "--group", "replay", "--topic", "replay-in", "--to-earliest"];
+    let connection = ["--zookeeper", cluster.zookeeper.as_str(), "--brokers", &broker.bootstrap()];
+    let live = cluster.squall(&[&reset[..], &connection[..], &["--execute"]].concat());
+    assert!(!live.status.success(), "a reset of a live group is refused: {}", text(&live));
+    assert!(text(&live).contains("live member"), "{}", text(&live));
+
+    let out = cluster.squall(&["deactivate", "replay"]);
+    assert!(out.status.success(), "deactivate: {}", text(&out));
+    let deactivated = std::time::Instant::now();
+    eventually(Duration::from_secs(30), "the group to have no members after deactivate", || async {
+        ids(&session).await.is_empty().then_some(())
+    })
+    .await;
+    let left_in = deactivated.elapsed();
+    assert!(left_in < Duration::from_secs(10 + 5), "left after {left_in:?} (message timeout 10 s)");
+    let out = cluster.squall(&[&reset[..], &connection[..], &["--execute"]].concat());
+    assert!(out.status.success(), "reset after deactivate: {}", text(&out));
+    let out = cluster.squall(&["activate", "replay"]);
+    assert!(out.status.success(), "activate: {}", text(&out));
+    eventually(Duration::from_secs(120), "every message delivered again", delivered(2)).await;
+
+    let out = cluster.squall(&["replay", "replay", "--to-earliest"]);
+    assert!(out.status.success(), "replay: {}", text(&out));
+    assert!(text(&out).contains("no members"), "{}", text(&out));
+    eventually(Duration::from_secs(120), "every message delivered a third time", delivered(3)).await;
+    eventually(Duration::from_secs(30), "both tasks to be members again", || async {
+        (ids(&session).await.len() == 2).then_some(())
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    reading.join().unwrap();
+    println!("deactivate emptied the group in {left_in:?}; {produced} messages delivered three times");
+}
