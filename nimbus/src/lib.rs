@@ -17,6 +17,8 @@
 //! - [`http`]: the HTTP/JSON API (Storm UI REST shapes), served by `http::run`.
 //! - [`lifecycle`]: the topology state machine (active, inactive, rebalancing, killed) as a pure
 //!   function over the stored base record, delayed transitions included.
+//! - [`limits`]: how large a topology may be (tasks, executors, assignment bytes), checked at
+//!   submit and rebalance.
 //! - [`liveness`]: which executors are alive, from heartbeats measured on nimbus's own clock.
 //! - [`metrics`]: `squall_nimbus_*` counters on the caller's registry.
 //! - [`scheduler`]: Storm's even scheduler as a pure function (`schedule(input) -> Schedule`).
@@ -34,6 +36,7 @@ pub mod code_store;
 pub mod daemon;
 pub mod http;
 pub mod lifecycle;
+pub mod limits;
 pub mod liveness;
 pub mod metrics;
 pub mod scheduler;
