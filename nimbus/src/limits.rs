@@ -149,10 +149,13 @@ mod tests {
         limits.check(&s, &executors, &BTreeMap::new(), "/var/squall/nimbus/stormdist/t-1-1")
     }
 
+    /// Limits, the split bolt, a rebalance's `-e`, and what the refusal says ("" for none).
+    type Case<'a> = (TopologyLimits, &'a str, &'a [(&'a str, u32)], &'a str);
+
     #[test]
     fn limits_name_what_is_over() {
         let strict = TopologyLimits { max_task_parallelism: Some(8), ..Default::default() };
-        let cases: &[(TopologyLimits, &str, &[(&str, u32)], &str)] = &[
+        let cases: &[Case] = &[
             (Default::default(), "{id: b, parallelism: 4, numTasks: 8}", &[], ""),
             (Default::default(), "{id: b, parallelism: 4, numTasks: 8}", &[("b", 8)], ""),
             (
