@@ -117,6 +117,9 @@ pub enum AssignmentWriteError {
     /// ZooKeeper refused the write for another reason.
     #[error("writing its assignment failed: {0}")]
     Failed(String),
+    /// Over one of nimbus's limits, so not scheduled at all.
+    #[error("not scheduled: {0}")]
+    OverLimit(String),
 }
 
 impl AssignmentWriteError {
@@ -126,6 +129,7 @@ impl AssignmentWriteError {
             AssignmentWriteError::TooLarge { .. } => "too_large",
             AssignmentWriteError::Conflict => "conflict",
             AssignmentWriteError::Failed(_) => "error",
+            AssignmentWriteError::OverLimit(_) => "over_limit",
         }
     }
 }
@@ -423,6 +427,17 @@ impl Assigner {
                     continue;
                 }
             };
+            // A topology stored before the limit (or by an older nimbus) is not laid out: its
+            // tasks are what a layout allocates.
+            if structure.total_tasks() > u64::from(self.limits.max_tasks) {
+                let e = AssignmentWriteError::OverLimit(format!(
+                    "it has {} tasks, above nimbus.topology.max.tasks {}; kill it",
+                    structure.total_tasks(),
+                    self.limits.max_tasks
+                ));
+                self.not_assigned(&mut report, id, e, from_scratch)?;
+                continue;
+            }
             let executors: BTreeSet<ExecutorId> =
                 structure.layout(&base.component_executors).executors.into_keys().collect();
             let existing = snapshot.assignments.get(id);
@@ -493,20 +508,7 @@ impl Assigner {
             )
             .await?;
             if let Err(e) = write {
-                // One topology's failure is its own: the others are still scheduled.
-                self.metrics.assignment_failures.with_label_values(&[e.reason()]).inc();
-                if from_scratch {
-                    return Err(RescheduleError::Other(format!("topology {id}: {e}")));
-                }
-                match &e {
-                    AssignmentWriteError::Conflict => {
-                        tracing::info!(topology = %id, "assignment not written: {e}")
-                    }
-                    _ => {
-                        tracing::error!(topology = %id, "assignment not written, other topologies go on: {e}")
-                    }
-                }
-                report.failed.push((id.clone(), e));
+                self.not_assigned(&mut report, id, e, from_scratch)?;
                 continue;
             }
             held.insert(id.clone(), assignment.slots());
@@ -537,6 +539,28 @@ impl Assigner {
         self.metrics.slots.with_label_values(&["free"]).set(total.saturating_sub(used) as i64);
         self.metrics.executors_unassigned.set(report.unassigned as i64);
         Ok(report)
+    }
+
+    /// Records that topology `id` got no assignment this pass: logged, counted and reported,
+    /// and the pass goes on with the others (one topology's failure is its own). A topology
+    /// being rebalanced fails the rebalance instead, which the timer retries.
+    fn not_assigned(
+        &self,
+        report: &mut PassReport,
+        id: &TopologyId,
+        e: AssignmentWriteError,
+        from_scratch: bool,
+    ) -> Result<(), RescheduleError> {
+        self.metrics.assignment_failures.with_label_values(&[e.reason()]).inc();
+        if from_scratch {
+            return Err(RescheduleError::Other(format!("topology {id}: {e}")));
+        }
+        match &e {
+            AssignmentWriteError::Conflict => tracing::info!(topology = %id, "assignment not written: {e}"),
+            _ => tracing::error!(topology = %id, "no assignment written, other topologies go on: {e}"),
+        }
+        report.failed.push((id.clone(), e));
+        Ok(())
     }
 
     /// The version of `/assignments/<id>` when it holds garbage (skipped by the snapshot, and

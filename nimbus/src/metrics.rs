@@ -24,7 +24,7 @@ pub struct NimbusMetrics {
     /// Executors without a slot at the last pass (the cluster has too few free slots).
     pub executors_unassigned: IntGauge,
     /// `squall_nimbus_assignment_failures_total{reason}`: assignments a monitor pass did not
-    /// write (`too_large`, `conflict`: changed since read, `error`); the pass went on.
+    /// write (`too_large`, `conflict`: changed since read, `error`, `over_limit`); the pass went on.
     pub assignment_failures: IntCounterVec,
 }
 
@@ -86,7 +86,7 @@ impl NimbusMetrics {
             assignment_failures: IntCounterVec::new(
                 Opts::new(
                     "squall_nimbus_assignment_failures_total",
-                    "Assignments a monitor pass did not write, by reason (too_large, conflict, error)",
+                    "Assignments a monitor pass did not write, by reason (too_large, conflict, error, over_limit)",
                 ),
                 &["reason"],
             )?,

@@ -43,11 +43,6 @@ struct Cluster {
 impl Cluster {
     async fn start(test: &str) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        Self::start_in(test, dir).await
-    }
-
-    /// Starts nimbus on `dir` (which may already hold code an earlier nimbus installed).
-    async fn start_in(test: &str, dir: tempfile::TempDir) -> Cluster {
         let ensemble = Ensemble::zookeeper(ZkServer::shared().chroot(test).await);
         let session = ensemble.connect(&SessionOptions::default()).await.unwrap();
         let paths = StormPaths::default();
@@ -208,21 +203,18 @@ async fn limits_are_checked_at_submit_and_rebalance_naming_them() {
     cluster.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_topology_too_large_to_assign_does_not_stop_the_others() {
-    // An older nimbus accepted a bolt of 30,000 executors: its assignment (about 3 MB) is above
-    // ZooKeeper's jute.maxbuffer, and writing it cost nimbus its connection on every pass.
-    let dir = tempfile::tempdir().unwrap();
-    let big: TopologyId = format!("aaa-big-1-{}", now_secs()).parse().unwrap();
-    let code = dir.path().join("nimbus/stormdist").join(big.as_str());
+/// Stores a topology as an older nimbus, without today's limits, would have: its code in
+/// nimbus's code dir, then its base record.
+async fn store_unchecked(cluster: &Cluster, name: &str, split: &str) -> TopologyId {
+    let id: TopologyId = format!("{name}-1-{}", now_secs()).parse().unwrap();
+    let code = cluster.dir.path().join("nimbus/stormdist").join(id.as_str());
     std::fs::create_dir_all(&code).unwrap();
-    let file = topology_file("aaa-big", "parallelism: 30000");
+    let file = topology_file(name, split);
     std::fs::write(code.join("topology.yaml"), &file).unwrap();
     std::fs::write(code.join("topology.yaml.sha256"), sha256_hex(file.as_bytes())).unwrap();
-    let cluster = Cluster::start_in("too-large", dir).await;
     let structure = cluster_state::structure::TopologyStructure::from_flux(&file).unwrap();
     let base = StormBase {
-        name: TopologyName::new("aaa-big").unwrap(),
+        name: TopologyName::new(name).unwrap(),
         launch_time_secs: now_secs(),
         status: TopologyStatus::Active,
         num_workers: 2,
@@ -232,18 +224,28 @@ async fn a_topology_too_large_to_assign_does_not_stop_the_others() {
         pending_transition: None,
     };
     let persistent = CreateMode::Persistent.with_parents();
-    cluster.session.create(&cluster.paths.storm(&big), &base.encode(), persistent).await.unwrap();
+    cluster.session.create(&cluster.paths.storm(&id), &base.encode(), persistent).await.unwrap();
+    id
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topology_too_large_to_assign_does_not_stop_the_others() {
+    let cluster = Cluster::start("too-large").await;
+    // A bolt of 30,000 executors: its assignment (about 3 MB) is above ZooKeeper's
+    // jute.maxbuffer, and writing it cost nimbus its connection on every pass. And one of
+    // 20,000 tasks, above nimbus.topology.max.tasks. Both sort before the small one.
+    let big = store_unchecked(&cluster, "aaa-big", "parallelism: 30000").await;
+    let many = store_unchecked(&cluster, "aab-many", "numTasks: 20000").await;
     let small = cluster.submit(&topology_file("small", "parallelism: 2")).await.unwrap();
     let assigned = eventually(DEADLINE, "the small topology's assignment", || async {
         cluster.assignment(&small).await
     })
     .await;
     assert_eq!(assigned.executors.len(), 5, "spout, 2 split, 2 ackers");
-    // Nimbus keeps its session and answers; the big topology stays stored, unassigned.
-    let summary = cluster.client.cluster_summary().await.unwrap();
-    assert_eq!(summary.topologies, 2);
+    // Nimbus keeps its session and answers; the others stay stored, without an assignment.
+    assert_eq!(cluster.client.cluster_summary().await.unwrap().topologies, 3);
     assert!(cluster.assignment(&big).await.is_none(), "the oversized assignment is never sent");
+    assert!(cluster.assignment(&many).await.is_none(), "a topology over the task limit is not laid out");
     cluster.stop().await;
 }
 
