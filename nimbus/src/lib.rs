@@ -10,6 +10,8 @@
 //! - [`assigner`]: the one writer of `/assignments`: submit (install the code, write the topology
 //!   and its first assignment), the monitor pass that reassigns dead executors (Storm's
 //!   `mk-assignments`), and the rescheduling a due rebalance asks for.
+//! - [`assignments`]: `write_assignment`, the compare-and-set of `/assignments/<id>` against
+//!   the base and assignment a pass read; oversized assignments are never sent.
 //! - [`code_store`]: `stormdist/<topology-id>` and chunked uploads (begin / chunk / finish /
 //!   install), with ids from clients validated so none becomes a path.
 //! - [`daemon`]: [`NimbusConfig`] (Storm's key names) and the [`run`] / [`serve`] entries that
@@ -32,6 +34,7 @@
 #![deny(clippy::disallowed_types)]
 
 pub mod assigner;
+pub mod assignments;
 pub mod code_store;
 pub mod daemon;
 pub mod http;

@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,8 +21,8 @@ use cluster_state::znode::{
     Assignment, ExecutorAssignment, StormBase, SupervisorInfo, TopologyStatus, ZnodeData,
 };
 use nimbus::NimbusConfig;
-use nimbus::assigner::{AssignmentWriteError, write_assignment};
-use nimbus::code_store::sha256_hex;
+use nimbus::assignments::{AssignmentWriteError, write_assignment};
+use nimbus::code_store::{CodeStore, CodeStoreError, CodeStoreLimits, sha256_hex};
 use nimbus_client::{ClientError, NimbusClient};
 use test_harness::{ZkServer, eventually, eventually_true};
 use tokio::net::TcpListener;
@@ -328,4 +329,32 @@ async fn assignments_are_written_as_compare_and_set_of_what_was_read() {
     assert!(matches!(write(0, None, huge).await, Err(AssignmentWriteError::TooLarge { .. })));
     write(0, None, assignment(6703)).await.unwrap();
     assert_eq!(stored().await, Some((assignment(6703), 0)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_client_cannot_take_every_slot_and_stalled_uploads_go_within_a_minute() {
+    let limits =
+        CodeStoreLimits { max_pending_uploads: 4, max_pending_uploads_per_client: 2, ..Default::default() };
+    let dir = tempfile::tempdir().unwrap();
+    let store = CodeStore::open(dir.path(), limits).await.unwrap();
+    let greedy = Some(IpAddr::from([10, 0, 0, 1]));
+    let other = Some(IpAddr::from([10, 0, 0, 2]));
+    let stalled = store.begin_for(4, greedy).await.unwrap();
+    let finished = store.begin_for(1, greedy).await.unwrap();
+    store.chunk(finished, 0, b"a").await.unwrap();
+    store.finish(finished, &sha256_hex(b"a")).await.unwrap();
+    let err = store.begin_for(1, greedy).await.unwrap_err();
+    assert!(err.to_string().contains("from 10.0.0.1 (2)"), "{err}");
+    // Another client still gets a slot.
+    let theirs = store.begin_for(1, other).await.unwrap();
+
+    // A minute without a chunk: the stalled upload is dropped at the next begin; the
+    // finished one waits for its submit, the other client's upload progressed.
+    tokio::time::advance(Duration::from_secs(45)).await;
+    store.chunk(theirs, 0, b"b").await.unwrap();
+    tokio::time::advance(Duration::from_secs(15)).await;
+    store.begin_for(1, greedy).await.unwrap();
+    assert!(matches!(store.chunk(stalled, 0, b"a").await, Err(CodeStoreError::UnknownUpload { .. })));
+    assert_eq!(store.read_finished(finished, 10).await.unwrap(), b"a");
+    store.finish(theirs, &sha256_hex(b"b")).await.unwrap();
 }
