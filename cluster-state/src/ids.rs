@@ -527,6 +527,7 @@ mod tests {
 
     #[test]
     fn topology_names_follow_storm_rule() {
+        assert!(TOPOLOGY_NAME_RULE.contains(&format!("1 to {MAX_TOPOLOGY_NAME_LEN} characters")));
         let longest = "x".repeat(MAX_TOPOLOGY_NAME_LEN);
         for ok in ["wc", "a-b_c", "-_-", "Word-Count_2", longest.as_str()] {
             assert!(TopologyName::new(ok).is_ok(), "{ok}");
