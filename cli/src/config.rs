@@ -19,6 +19,20 @@ const ZOOKEEPER_PORT: &str = "storm.zookeeper.port";
 /// Keys the clients read (they are also nimbus's or a supervisor's).
 const NIMBUS_ADDRESS: &str = "nimbus.http.address";
 const NIMBUS_TOKEN: &str = "nimbus.http.token";
+/// Keys whose values are secrets: no message ever shows their value.
+const SECRET_KEYS: [&str; 1] = [NIMBUS_TOKEN];
+
+fn is_secret(key: &str) -> bool {
+    SECRET_KEYS.contains(&key)
+}
+
+/// A `-c KEY=VALUE` as messages show it: a secret's value hidden.
+fn shown(assignment: &str) -> String {
+    match assignment.split_once('=') {
+        Some((key, _)) if is_secret(key.trim()) => format!("{key}=<hidden>"),
+        _ => assignment.to_owned(),
+    }
+}
 
 /// A loaded, key-checked cluster config.
 #[derive(Debug, Clone, Default)]
@@ -78,20 +92,37 @@ impl ClusterConfig {
                 return Err(format!("{name}: unknown key {key:?}{hint}"));
             }
         }
+        // An empty token would run nimbus without authentication (or leave a client without
+        // its token) although a token was meant: `key:`, `key: ~`, `key: ""`, `-c key=`.
+        if let Some(token) = map.get(NIMBUS_TOKEN)
+            && (token.is_null() || token.as_str().is_some_and(str::is_empty))
+        {
+            return Err(format!(
+                "{name}: {NIMBUS_TOKEN} is empty; set a token, or remove the key to run without one"
+            ));
+        }
         Ok(ClusterConfig { file: file.map(Path::to_owned), map })
     }
 
     /// Applies a `KEY=VALUE` override (Storm's `-c key=value`; the value is YAML, so
     /// `supervisor.slots.ports=[6700,6701]` works), checked like a key of the file.
     pub fn set(&mut self, assignment: &str) -> Result<(), String> {
+        let shown = shown(assignment);
         let (key, value) =
-            assignment.split_once('=').ok_or_else(|| format!("-c {assignment:?}: KEY=VALUE is expected"))?;
-        let value: Value = serde_yaml_ng::from_str(value)
-            .map_err(|e| format!("-c {assignment:?}: the value is not YAML: {e}"))?;
+            assignment.split_once('=').ok_or_else(|| format!("-c {shown:?}: KEY=VALUE is expected"))?;
+        let value: Value = serde_yaml_ng::from_str(value).map_err(|e| {
+            // YAML errors quote the text they stopped at.
+            let e = if is_secret(key) {
+                "its value is not shown, it is a secret".to_owned()
+            } else {
+                e.to_string()
+            };
+            format!("-c {shown:?}: the value is not YAML: {e}")
+        })?;
         let mut one = Mapping::new();
         one.insert(Value::String(key.to_owned()), value.clone());
-        let text = serde_yaml_ng::to_string(&one).map_err(|e| format!("-c {assignment:?}: {e}"))?;
-        Self::parse(&text, None).map_err(|e| format!("-c {assignment:?}: {e}"))?;
+        let text = serde_yaml_ng::to_string(&one).map_err(|e| format!("-c {shown:?}: {e}"))?;
+        Self::parse(&text, None).map_err(|e| format!("-c {shown:?}: {e}"))?;
         self.map.insert(Value::String(key.to_owned()), value);
         Ok(())
     }
@@ -114,7 +145,12 @@ impl ClusterConfig {
             let culprit = sub.iter().find_map(|(k, v)| {
                 let one: Mapping = [(k.clone(), v.clone())].into_iter().collect();
                 let err = serde_yaml_ng::from_value::<T>(Value::Mapping(one)).err()?;
-                Some(format!("{}: {err}", k.as_str().unwrap_or("?")))
+                let key = k.as_str().unwrap_or("?");
+                // serde's type errors quote the value: never a secret's.
+                if is_secret(key) {
+                    return Some(format!("{key}: must be a string (the value is not shown, it is a secret)"));
+                }
+                Some(format!("{key}: {err}"))
             });
             format!("{}: {}", self.name(), culprit.unwrap_or_else(|| e.to_string()))
         })

@@ -1,9 +1,11 @@
 //! The one HTTP accept loop of Squall's servers (nimbus's API, every process's `/metrics`):
 //! accepts until `shutdown`, serves each connection on a tracked task, and on shutdown lets
 //! in-flight requests finish, closes idle keep-alive connections, and returns only once every
-//! connection task has ended.
+//! connection task has ended. Each request carries its client's address as a [`Peer`]
+//! extension.
 
 use std::error::Error as StdError;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use hyper::body::{Body, Incoming};
@@ -26,6 +28,28 @@ pub struct ServeOptions {
     /// How long a client may take to send a request's headers. It also bounds how long an idle
     /// client can hold up shutdown.
     pub header_read_timeout: Duration,
+}
+
+/// The address of the client that sent a request (`request.extensions().get::<Peer>()`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(pub SocketAddr);
+
+/// `S` with every request tagged with its connection's [`Peer`].
+#[derive(Clone)]
+struct WithPeer<S> {
+    inner: S,
+    peer: SocketAddr,
+}
+
+impl<S: Service<Request<Incoming>>> Service<Request<Incoming>> for WithPeer<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn call(&self, mut request: Request<Incoming>) -> Self::Future {
+        request.extensions_mut().insert(Peer(self.peer));
+        self.inner.call(request)
+    }
 }
 
 /// Serves `service` on `listener` until `shutdown`; returns once every connection has finished
@@ -59,7 +83,7 @@ pub async fn serve<S, B>(
                 }
             }
         };
-        let (service, shutdown) = (service.clone(), shutdown.clone());
+        let (service, shutdown) = (WithPeer { inner: service.clone(), peer }, shutdown.clone());
         connections.spawn(async move {
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder.timer(TokioTimer::new()).header_read_timeout(options.header_read_timeout);

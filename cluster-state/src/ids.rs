@@ -123,16 +123,30 @@ macro_rules! string_id {
     };
 }
 
+/// The longest topology name, in characters. A topology id (`<name>-<counter>-<launch secs>`,
+/// up to 42 more characters) becomes a ZooKeeper node, a URL path segment, and a directory name
+/// on nimbus and on every supervisor (whose download directory adds 47 more); 128 keeps all of
+/// them under the 255 bytes a Linux file name may have.
+pub const MAX_TOPOLOGY_NAME_LEN: usize = 128;
+
+/// The rule of [`TopologyName`], as its errors state it.
+pub const TOPOLOGY_NAME_RULE: &str = "must be 1 to 128 characters, each an ASCII letter, a digit, '-' or '_'";
+
 string_id!(
-    /// A topology's user-given name. Storm's rule: `^[^/.:\\]+$`, and a valid path segment.
+    /// A topology's user-given name: Storm's rule (`^[^/.:\\]+$`) narrowed to what needs no
+    /// escaping anywhere the name goes (URL path segments, file and directory names, ZooKeeper
+    /// nodes, log lines, Prometheus labels): ASCII letters, digits, `-` and `_`, at most
+    /// [`MAX_TOPOLOGY_NAME_LEN`] characters. Nothing a client sends is percent-decoded, so a
+    /// name that needed escaping could be submitted but never be named again in a request.
     TopologyName,
     "topology name",
     pub fn new,
     |kind, v| {
-        if v.contains(['/', '.', ':', '\\']) {
-            return Err(IdError::new(kind, v, "must not contain '/', '.', ':' or '\\' (Storm's rule)"));
+        let allowed = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+        if v.is_empty() || v.len() > MAX_TOPOLOGY_NAME_LEN || !v.chars().all(allowed) {
+            return Err(IdError::new(kind, v, TOPOLOGY_NAME_RULE));
         }
-        check_segment(kind, v)
+        Ok(())
     }
 );
 
@@ -513,10 +527,32 @@ mod tests {
 
     #[test]
     fn topology_names_follow_storm_rule() {
-        for ok in ["wc", "word count", "a-b_c", "ünïcode"] {
+        assert!(TOPOLOGY_NAME_RULE.contains(&format!("1 to {MAX_TOPOLOGY_NAME_LEN} characters")));
+        let longest = "x".repeat(MAX_TOPOLOGY_NAME_LEN);
+        for ok in ["wc", "a-b_c", "-_-", "Word-Count_2", longest.as_str()] {
             assert!(TopologyName::new(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "a/b", "a.b", "a:b", "a\\b", ".", "..", "a\nb", "a\u{7f}"] {
+        // Storm's own refusals, and what would need escaping in a URL or a file name.
+        let too_long = "x".repeat(MAX_TOPOLOGY_NAME_LEN + 1);
+        for bad in [
+            "",
+            "a/b",
+            "a.b",
+            "a:b",
+            "a\\b",
+            ".",
+            "..",
+            "a\nb",
+            "a\u{7f}",
+            "word count",
+            "a|b",
+            "a`b",
+            "a%20b",
+            "a?b",
+            "a#b",
+            "ünïcode",
+            too_long.as_str(),
+        ] {
             let err = TopologyName::new(bad).unwrap_err();
             assert_eq!(err.kind, "topology name");
             assert_eq!(err.value, bad);

@@ -42,14 +42,23 @@ pub struct TaskLayout {
 
 impl TaskLayout {
     /// Storm's numbering for `(component, parallelism, tasks)` triples (any order).
+    ///
+    /// Task ids are `u32`: a component whose tasks would not all get an id (more than
+    /// `u32::MAX` tasks in all) is left out, never numbered with wrapped ids. Nimbus refuses
+    /// such topologies at submit ([`crate::structure::TopologyStructure::from_flux`]).
     pub fn compute(components: &[(ComponentId, u32, u32)]) -> TaskLayout {
         let mut sorted: Vec<&(ComponentId, u32, u32)> = components.iter().collect();
         sorted.sort_by(|a, b| a.0.cmp(&b.0));
         let mut layout = TaskLayout::default();
         let mut next = 1u32;
         for (component, parallelism, tasks) in sorted {
-            let ids: Vec<TaskId> = (next..next + tasks).map(TaskId).collect();
-            next += tasks;
+            // `next + tasks` is one past this component's last id, which must itself fit.
+            let Some(end) = next.checked_add(*tasks) else {
+                tracing::error!(%component, tasks, "task ids run past u32::MAX; component left out");
+                break;
+            };
+            let ids: Vec<TaskId> = (next..end).map(TaskId).collect();
+            next = end;
             for t in &ids {
                 layout.task_component.insert(*t, component.clone());
             }
@@ -152,6 +161,15 @@ mod tests {
             ]
         );
         assert_eq!(layout.max_task(), 9);
+    }
+
+    #[test]
+    fn task_ids_never_wrap() {
+        // "a" takes id 1; "b"'s u32::MAX tasks would need ids past u32::MAX (Storm's numbering
+        // wrapped them, and the bolt silently got no task).
+        let layout = TaskLayout::compute(&[(c("b"), 1, u32::MAX), (c("a"), 1, 1)]);
+        assert!(!layout.component_tasks.contains_key(&c("b")), "b must not get wrapped ids");
+        assert_eq!((layout.max_task(), layout.executors.len()), (1, 1));
     }
 
     #[test]

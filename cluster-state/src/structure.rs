@@ -130,7 +130,31 @@ impl TopologyStructure {
         {
             components.insert(acker, ComponentShape { executors: ackers, tasks: ackers });
         }
-        Ok(TopologyStructure { name, num_workers, components })
+        let structure = TopologyStructure { name, num_workers, components };
+        // Task ids are u32 counted from 1 (`TaskLayout::compute`): more tasks than that cannot
+        // be numbered, and Storm's numbering silently wrapped.
+        if structure.total_tasks() > u64::from(u32::MAX - 1) {
+            return Err(StructureError::new(
+                "numTasks",
+                format!(
+                    "the topology has {} tasks in all (ackers included); task ids are 32-bit, so at most {}",
+                    structure.total_tasks(),
+                    u32::MAX - 1
+                ),
+            ));
+        }
+        Ok(structure)
+    }
+
+    /// Tasks of every component, ackers included (fixed for the topology's lifetime).
+    pub fn total_tasks(&self) -> u64 {
+        self.components.values().map(|s| u64::from(s.tasks)).sum()
+    }
+
+    /// Executors of every component with `executors` per component as
+    /// [`TopologyStructure::layout`] counts them (capped at the component's tasks).
+    pub fn total_executors(&self, executors: &BTreeMap<ComponentId, u32>) -> u64 {
+        self.components.iter().map(|(c, s)| u64::from(executors_of(s, executors.get(c).copied()))).sum()
     }
 
     /// Executors per component, as `StormBase::component_executors` holds them.
@@ -145,13 +169,16 @@ impl TopologyStructure {
         let triples: Vec<(ComponentId, u32, u32)> = self
             .components
             .iter()
-            .map(|(c, s)| {
-                let n = executors.get(c).copied().unwrap_or(s.executors).clamp(1, s.tasks.max(1));
-                (c.clone(), n, s.tasks)
-            })
+            .map(|(c, s)| (c.clone(), executors_of(s, executors.get(c).copied()), s.tasks))
             .collect();
         TaskLayout::compute(&triples)
     }
+}
+
+/// A component's executors: `asked` (a rebalance's `-e`) or its own, capped at its tasks as Storm
+/// does.
+fn executors_of(shape: &ComponentShape, asked: Option<u32>) -> u32 {
+    asked.unwrap_or(shape.executors).clamp(1, shape.tasks.max(1))
 }
 
 #[cfg(test)]
@@ -224,6 +251,11 @@ streams:
             ("name: t\nbolts: [{id: b, parallelism: many}]", "line 2"),
             ("[1, 2]", "line 1"),
             ("name: t\nbolts: {id: b}", "line 2"),
+            (
+                "name: t\nbolts: [{id: b, numTasks: 4294967295}]",
+                "numTasks: the topology has 4294967296 tasks in all",
+            ),
+            ("name: t\nbolts: [{id: a, numTasks: 4294967294}, {id: b, numTasks: 4294967294}]", "32-bit"),
         ];
         for (text, expected) in cases {
             let err = TopologyStructure::from_flux(text).unwrap_err().to_string();

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use cluster_state::coord::{self, CreateMode, Session};
-use cluster_state::ids::{ExecutorId, SupervisorId, TopologyId, TopologyName, WorkerSlot};
+use cluster_state::ids::{ComponentId, ExecutorId, SupervisorId, TopologyId, TopologyName, WorkerSlot};
 use cluster_state::paths::StormPaths;
 use cluster_state::structure::{StructureError, TopologyStructure};
 use cluster_state::znode::{
@@ -29,7 +29,9 @@ use cluster_state::znode::{
 };
 use tokio::sync::Mutex;
 
+use crate::assignments::{AssignmentWriteError, write_assignment};
 use crate::code_store::{CodeFile, CodeStore, CodeStoreError, UploadId};
+use crate::limits::{LimitError, TopologyLimits};
 use crate::liveness::{HeartbeatCache, Timeouts};
 use crate::metrics::NimbusMetrics;
 use crate::scheduler::{ScheduleInput, schedule};
@@ -75,6 +77,9 @@ pub enum SubmitError {
     NotText,
     #[error(transparent)]
     Structure(#[from] StructureError),
+    /// Over one of nimbus's [`TopologyLimits`]; the message names it.
+    #[error("topology refused: {0}")]
+    Limit(#[from] LimitError),
     /// Storm: "Topology with name `x` already exists on cluster".
     #[error("a topology named {name} is already running as {id}; kill it first or choose another name")]
     NameTaken { name: TopologyName, id: TopologyId },
@@ -95,6 +100,10 @@ pub struct PassReport {
     pub unassigned: usize,
     /// Znodes skipped as garbage.
     pub skipped: Vec<Skipped>,
+    /// Topologies whose assignment could not be written, and why; the pass went on with the
+    /// others. A conflict (the base or the assignment changed since the pass read them) is
+    /// re-read and decided again at the next pass.
+    pub failed: Vec<(TopologyId, AssignmentWriteError)>,
 }
 
 #[derive(Debug, Default)]
@@ -113,6 +122,7 @@ pub struct Assigner {
     paths: StormPaths,
     code: CodeStore,
     timeouts: MonitorTimeouts,
+    limits: TopologyLimits,
     metrics: NimbusMetrics,
     memory: Mutex<Memory>,
 }
@@ -125,7 +135,21 @@ impl Assigner {
         timeouts: MonitorTimeouts,
         metrics: NimbusMetrics,
     ) -> Self {
-        Assigner { session, paths, code, timeouts, metrics, memory: Mutex::new(Memory::default()) }
+        Assigner {
+            session,
+            paths,
+            code,
+            timeouts,
+            limits: TopologyLimits::default(),
+            metrics,
+            memory: Mutex::new(Memory::default()),
+        }
+    }
+
+    /// The same assigner with `limits` instead of the defaults.
+    pub fn with_limits(mut self, limits: TopologyLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Storm's `submitTopology`: checks the file, installs the code, writes the base and the
@@ -135,17 +159,32 @@ impl Assigner {
         let bytes = self.code.read_finished(request.topology, MAX_TOPOLOGY_FILE_BYTES).await?;
         let text = String::from_utf8(bytes).map_err(|_| SubmitError::NotText)?;
         let structure = TopologyStructure::from_flux(&text)?;
-        let storms = state::read_storms(&self.session, &self.paths).await?.value;
-        if let Some((id, _)) = storms.iter().find(|(_, b)| b.name == structure.name) {
+        let snapshot = state::read_snapshot(&self.session, &self.paths, 0, now_secs()).await?.value;
+        // By the name part of every id under /storms, so a node whose data does not decode
+        // still holds its name; and by the bases' names, which an older nimbus wrote.
+        let stored = state::stored_topology_ids(&self.session, &self.paths).await?;
+        let taken = stored
+            .iter()
+            .find(|id| id.name() == structure.name.as_str())
+            .or_else(|| snapshot.storms.iter().find(|(_, b)| b.name == structure.name).map(|(id, _)| id));
+        if let Some(id) = taken {
             return Err(SubmitError::NameTaken { name: structure.name.clone(), id: id.clone() });
         }
+        // The widest id this name can get, for the code dir the assignment names.
+        let widest = TopologyId::new(&structure.name, u64::MAX, u64::MAX);
+        self.limits.check(
+            &structure,
+            &structure.component_executors(),
+            &node_hosts(&snapshot.supervisors),
+            &self.code.topology_dir(&widest).display().to_string(),
+        )?;
         let launch = now_secs();
         let id = loop {
             memory.submitted += 1;
             let id = TopologyId::new(&structure.name, memory.submitted, launch);
             // A restarted nimbus counts from 1 again; the launch second keeps ids apart, and this
             // check covers a restart within the same second.
-            if !storms.contains_key(&id) && self.session.exists(&self.paths.storm(&id)).await?.is_none() {
+            if !stored.contains(&id) && self.session.exists(&self.paths.storm(&id)).await?.is_none() {
                 break id;
             }
         };
@@ -188,6 +227,34 @@ impl Assigner {
             tracing::warn!(topology = %id, "first assignment failed, the monitor retries: {e}");
         }
         Ok((id, base))
+    }
+
+    /// Checks a rebalance to `executors` per component (`-e comp=N`) against the topology's
+    /// tasks and nimbus's limits. A topology whose definition cannot be read passes: applying
+    /// the rebalance reports what is wrong with it.
+    pub async fn check_rebalance(
+        &self,
+        id: &TopologyId,
+        executors: &BTreeMap<ComponentId, u32>,
+    ) -> Result<(), SubmitError> {
+        let mut memory = self.memory.lock().await;
+        let Ok(structure) = self.structure(&mut memory, id).await else { return Ok(()) };
+        drop(memory);
+        let snapshot = state::read_snapshot(&self.session, &self.paths, 0, now_secs()).await?.value;
+        let mut after = snapshot.storms.get(id).map(|b| b.component_executors.clone()).unwrap_or_default();
+        after.extend(executors.iter().map(|(c, n)| (c.clone(), *n)));
+        // Components not named keep their count, which the topology already runs with: only
+        // what the request asks for can be over the component's tasks.
+        for (component, n) in &mut after {
+            if !executors.contains_key(component)
+                && let Some(shape) = structure.components.get(component)
+            {
+                *n = (*n).min(shape.tasks);
+            }
+        }
+        let master_code_dir = self.code.topology_dir(id).display().to_string();
+        self.limits.check(&structure, &after, &node_hosts(&snapshot.supervisors), &master_code_dir)?;
+        Ok(())
     }
 
     /// One monitor pass over every topology (Storm's `mk-assignments`).
@@ -246,9 +313,9 @@ impl Assigner {
         scratch: Option<(&TopologyId, &StormBase)>,
     ) -> Result<PassReport, RescheduleError> {
         let now = now_secs();
-        let read = state::read_snapshot(&self.session, &self.paths, 0, now).await?;
+        let read = state::read_versioned_snapshot(&self.session, &self.paths, now).await?;
         let mut report = PassReport { skipped: read.skipped, ..Default::default() };
-        let snapshot = read.value;
+        let state::VersionedSnapshot { cluster: snapshot, storm_versions, assignment_versions } = read.value;
 
         // Supervisors: present, and heartbeating on nimbus's clock.
         let beats: BTreeMap<SupervisorId, u64> =
@@ -288,6 +355,17 @@ impl Assigner {
                     continue;
                 }
             };
+            // A topology stored before the limit (or by an older nimbus) is not laid out: its
+            // tasks are what a layout allocates.
+            if structure.total_tasks() > u64::from(self.limits.max_tasks) {
+                let e = AssignmentWriteError::OverLimit(format!(
+                    "it has {} tasks, above nimbus.topology.max.tasks {}; kill it",
+                    structure.total_tasks(),
+                    self.limits.max_tasks
+                ));
+                self.not_assigned(&mut report, id, e, from_scratch)?;
+                continue;
+            }
             let executors: BTreeSet<ExecutorId> =
                 structure.layout(&base.component_executors).executors.into_keys().collect();
             let existing = snapshot.assignments.get(id);
@@ -338,11 +416,30 @@ impl Assigner {
             if let Some(cache) = memory.executors.get_mut(id) {
                 cache.retain(|e| cache_keep.contains(e));
             }
-            held.insert(id.clone(), assignment.slots());
             if existing == Some(&assignment) {
                 continue;
             }
-            self.session.set_or_create(&self.paths.assignment(id), &assignment.encode()).await?;
+            // Bases in the snapshot were read with their version; a scratch base is the stored
+            // one's successor, checked against the stored version.
+            let storm_version = storm_versions.get(id).copied().unwrap_or(0);
+            let assignment_version = match assignment_versions.get(id) {
+                Some(version) => Some(*version),
+                None => self.garbage_assignment_version(id).await?,
+            };
+            let write = write_assignment(
+                &self.session,
+                &self.paths,
+                id,
+                storm_version,
+                assignment_version,
+                &assignment,
+            )
+            .await?;
+            if let Err(e) = write {
+                self.not_assigned(&mut report, id, e, from_scratch)?;
+                continue;
+            }
+            held.insert(id.clone(), assignment.slots());
             report.written.push(id.clone());
             report.moved += moved;
             self.metrics.assignments_written.inc();
@@ -370,6 +467,40 @@ impl Assigner {
         self.metrics.slots.with_label_values(&["free"]).set(total.saturating_sub(used) as i64);
         self.metrics.executors_unassigned.set(report.unassigned as i64);
         Ok(report)
+    }
+
+    /// Records that topology `id` got no assignment this pass: logged, counted and reported,
+    /// and the pass goes on with the others (one topology's failure is its own). A topology
+    /// being rebalanced fails the rebalance instead, which the timer retries.
+    fn not_assigned(
+        &self,
+        report: &mut PassReport,
+        id: &TopologyId,
+        e: AssignmentWriteError,
+        from_scratch: bool,
+    ) -> Result<(), RescheduleError> {
+        self.metrics.assignment_failures.with_label_values(&[e.reason()]).inc();
+        if from_scratch {
+            return Err(RescheduleError::Other(format!("topology {id}: {e}")));
+        }
+        match &e {
+            AssignmentWriteError::Conflict => tracing::info!(topology = %id, "assignment not written: {e}"),
+            _ => tracing::error!(topology = %id, "no assignment written, other topologies go on: {e}"),
+        }
+        report.failed.push((id.clone(), e));
+        Ok(())
+    }
+
+    /// The version of `/assignments/<id>` when it holds garbage (skipped by the snapshot, and
+    /// to be replaced), `None` when it is absent or decodes (then written by someone else since
+    /// the snapshot: creating it is refused as a conflict).
+    async fn garbage_assignment_version(&self, id: &TopologyId) -> Result<Option<i32>, coord::Error> {
+        let path = self.paths.assignment(id);
+        match self.session.get(&path).await {
+            Ok((data, stat)) if Assignment::decode(&path, &data).is_err() => Ok(Some(stat.version)),
+            Ok(_) | Err(coord::Error::NoNode { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// The latest heartbeat time of each executor of topology `id`.
@@ -405,6 +536,11 @@ impl Rescheduler for Assigner {
         let mut memory = self.memory.lock().await;
         self.pass(&mut memory, Some((id, base))).await.map(|_| ())
     }
+}
+
+/// Each supervisor's host name, as an assignment's `node_host` holds it.
+fn node_hosts(supervisors: &BTreeMap<SupervisorId, SupervisorInfo>) -> BTreeMap<SupervisorId, String> {
+    supervisors.iter().map(|(id, info)| (id.clone(), info.hostname.clone())).collect()
 }
 
 /// The assignment for a schedule: executors that stay on their slot keep their start time, the

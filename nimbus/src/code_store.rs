@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -41,8 +42,15 @@ pub struct CodeStoreLimits {
     /// Uploads begun but neither installed nor abandoned at once; bounds disk and memory used
     /// by clients that begin and never finish.
     pub max_pending_uploads: usize,
+    /// Of those, the most one client (by IP address) may hold, so one client cannot take
+    /// every slot and block every other submit.
+    pub max_pending_uploads_per_client: usize,
     /// An upload without activity for this long is discarded.
     pub upload_expiration: Duration,
+    /// An upload still receiving that got no chunk for this long is abandoned and discarded
+    /// (a client sends its chunks back to back); a finished one waits for its submit up to
+    /// `upload_expiration`.
+    pub upload_stall_timeout: Duration,
 }
 
 impl Default for CodeStoreLimits {
@@ -52,8 +60,12 @@ impl Default for CodeStoreLimits {
             // release mode is tens of MiB, so 512 MiB leaves room without inviting disk fills.
             max_upload_bytes: 512 * 1024 * 1024,
             max_pending_uploads: 32,
+            // A submit uploads two files (topology, worker binary); a few submits at once.
+            max_pending_uploads_per_client: 8,
             // Storm's defaults.yaml: `nimbus.file.copy.expiration.secs: 600`.
             upload_expiration: Duration::from_secs(600),
+            // Squall's: a chunk is at most 8 MiB; a minute without one is a client gone.
+            upload_stall_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -89,6 +101,10 @@ pub enum CodeStoreError {
     TooLarge { size: u64, max: u64 },
     #[error("too many uploads in progress ({max}); finish or wait for abandoned ones to expire")]
     TooManyUploads { max: usize },
+    #[error(
+        "too many uploads in progress from {client} ({max}); finish them, or wait a minute for abandoned ones to be dropped"
+    )]
+    TooManyUploadsFromClient { client: IpAddr, max: usize },
     #[error("upload {id}: chunk at offset {offset} but {received} bytes were received so far")]
     WrongOffset { id: UploadId, offset: u64, received: u64 },
     #[error("upload {id}: chunk of {len} bytes at offset {offset} goes past the declared size of {size}")]
@@ -143,6 +159,13 @@ struct Pending {
 /// held for lookups, never across a write.
 type Slot = Arc<tokio::sync::Mutex<Option<Pending>>>;
 
+/// An upload in the map: its slot and the client that began it (`None`: nimbus itself).
+#[derive(Debug, Clone)]
+struct Entry {
+    slot: Slot,
+    client: Option<IpAddr>,
+}
+
 /// Nimbus's code directory; cheap to clone (clones share the pending uploads).
 #[derive(Debug, Clone)]
 pub struct CodeStore {
@@ -153,7 +176,7 @@ pub struct CodeStore {
 struct Inner {
     dir: PathBuf,
     limits: CodeStoreLimits,
-    uploads: Mutex<HashMap<UploadId, Slot>>,
+    uploads: Mutex<HashMap<UploadId, Entry>>,
 }
 
 impl CodeStore {
@@ -189,17 +212,22 @@ impl CodeStore {
         self.inner.dir.join(INBOX).join(format!("{id}.part"))
     }
 
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<UploadId, Slot>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<UploadId, Entry>> {
         // The map holds no invariant a panicking holder could break half-way.
         self.inner.uploads.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn slot(&self, id: UploadId) -> Result<Slot> {
-        self.map().get(&id).cloned().ok_or(CodeStoreError::UnknownUpload { id })
+        self.map().get(&id).map(|e| e.slot.clone()).ok_or(CodeStoreError::UnknownUpload { id })
     }
 
-    /// Begins an upload of `size` bytes.
+    /// Begins an upload of `size` bytes (by nimbus itself: no client bound applies).
     pub async fn begin(&self, size: u64) -> Result<UploadId> {
+        self.begin_for(size, None).await
+    }
+
+    /// Begins an upload of `size` bytes for `client`, within its share of the slots.
+    pub async fn begin_for(&self, size: u64, client: Option<IpAddr>) -> Result<UploadId> {
         let max = self.inner.limits.max_upload_bytes;
         if size > max {
             return Err(CodeStoreError::TooLarge { size, max });
@@ -213,10 +241,16 @@ impl CodeStore {
         {
             let mut map = self.map();
             let max_pending = self.inner.limits.max_pending_uploads;
+            if let Some(client) = client {
+                let max = self.inner.limits.max_pending_uploads_per_client;
+                if map.values().filter(|e| e.client == Some(client)).count() >= max {
+                    return Err(CodeStoreError::TooManyUploadsFromClient { client, max });
+                }
+            }
             if map.len() >= max_pending {
                 return Err(CodeStoreError::TooManyUploads { max: max_pending });
             }
-            map.insert(id, slot);
+            map.insert(id, Entry { slot, client });
         }
         let path = self.part_path(id);
         match tokio::fs::File::create_new(&path).await {
@@ -405,18 +439,23 @@ impl CodeStore {
     /// busy with a chunk right now are active by definition and skipped.
     pub async fn expire(&self) -> usize {
         let now = Instant::now();
-        let expiration = self.inner.limits.upload_expiration;
-        let slots: Vec<(UploadId, Slot)> = self.map().iter().map(|(id, s)| (*id, s.clone())).collect();
+        let CodeStoreLimits { upload_expiration, upload_stall_timeout, .. } = self.inner.limits;
+        let slots: Vec<(UploadId, Slot)> = self.map().iter().map(|(id, e)| (*id, e.slot.clone())).collect();
         let mut expired = 0;
         for (id, slot) in slots {
             let idle = match slot.try_lock() {
-                Ok(guard) => guard
-                    .as_ref()
-                    .is_some_and(|p| now.saturating_duration_since(p.last_activity) >= expiration),
-                Err(_) => false,
+                Ok(guard) => guard.as_ref().and_then(|p| {
+                    let limit = match p.stage {
+                        Stage::Receiving { .. } => upload_stall_timeout.min(upload_expiration),
+                        Stage::Finished { .. } => upload_expiration,
+                    };
+                    let idle = now.saturating_duration_since(p.last_activity);
+                    (idle >= limit).then_some(idle)
+                }),
+                Err(_) => None,
             };
-            if idle {
-                tracing::info!(upload = %id, "discarding an upload idle for {expiration:?}");
+            if let Some(idle) = idle {
+                tracing::info!(upload = %id, "discarding an upload without progress for {idle:?}");
                 self.discard(id).await;
                 expired += 1;
             }
@@ -616,8 +655,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn abandoned_uploads_expire() {
         let expiration = Duration::from_secs(600);
-        let (dir, store) =
-            store(CodeStoreLimits { upload_expiration: expiration, ..Default::default() }).await;
+        let limits = CodeStoreLimits {
+            upload_expiration: expiration,
+            upload_stall_timeout: expiration,
+            ..Default::default()
+        };
+        let (dir, store) = store(limits).await;
         let idle = store.begin(2).await.unwrap();
         let active = store.begin(2).await.unwrap();
         tokio::time::advance(Duration::from_secs(400)).await;

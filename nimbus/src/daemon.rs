@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::assigner::{Assigner, MonitorTimeouts};
 use crate::code_store::{CodeStore, CodeStoreError, CodeStoreLimits};
 use crate::http::{self, ApiConfig, ApiState};
+use crate::limits::TopologyLimits;
 use crate::liveness::Timeouts;
 use crate::metrics::NimbusMetrics;
 use crate::transitions::{DeadlineTimers, Transitions};
@@ -64,6 +65,15 @@ pub struct NimbusConfig {
     /// Squall's: the largest topology code upload.
     #[serde(rename = "nimbus.code.max.upload.bytes")]
     pub max_upload_bytes: u64,
+    /// Storm's: the most executors one component may have; nimbus refuses more (Storm caps).
+    #[serde(rename = "topology.max.task.parallelism")]
+    pub max_task_parallelism: Option<u32>,
+    /// Squall's: the most tasks one topology may have, ackers included.
+    #[serde(rename = "nimbus.topology.max.tasks")]
+    pub max_topology_tasks: u32,
+    /// Squall's: the most executors one topology may have, ackers included.
+    #[serde(rename = "nimbus.topology.max.executors")]
+    pub max_topology_executors: u32,
 }
 
 impl Default for NimbusConfig {
@@ -91,6 +101,11 @@ impl Default for NimbusConfig {
             http_port: 8080,
             http_token: None,
             max_upload_bytes: CodeStoreLimits::default().max_upload_bytes,
+            // Storm's defaults.yaml: `topology.max.task.parallelism: null`; the other two are
+            // Squall's (see `TopologyLimits`).
+            max_task_parallelism: TopologyLimits::default().max_task_parallelism,
+            max_topology_tasks: TopologyLimits::default().max_tasks,
+            max_topology_executors: TopologyLimits::default().max_executors,
         }
     }
 }
@@ -108,6 +123,9 @@ impl NimbusConfig {
             ("nimbus.supervisor.timeout.secs", self.supervisor_timeout_secs),
             ("nimbus.file.copy.expiration.secs", self.file_copy_expiration_secs),
             ("nimbus.code.max.upload.bytes", self.max_upload_bytes),
+            ("topology.max.task.parallelism", self.max_task_parallelism.map_or(1, u64::from)),
+            ("nimbus.topology.max.tasks", u64::from(self.max_topology_tasks)),
+            ("nimbus.topology.max.executors", u64::from(self.max_topology_executors)),
         ];
         if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(NimbusError::Config { key, message: "must be at least 1".into() });
@@ -122,6 +140,15 @@ impl NimbusConfig {
             });
         }
         Ok(paths)
+    }
+
+    /// The limits a topology must keep to.
+    pub fn topology_limits(&self) -> TopologyLimits {
+        TopologyLimits {
+            max_task_parallelism: self.max_task_parallelism,
+            max_tasks: self.max_topology_tasks,
+            max_executors: self.max_topology_executors,
+        }
     }
 
     /// `<storm.local.dir>/nimbus`.
@@ -195,8 +222,10 @@ pub async fn serve(
         },
         supervisor_timeout_secs: config.supervisor_timeout_secs,
     };
-    let assigner =
-        Arc::new(Assigner::new(session.clone(), paths.clone(), code.clone(), timeouts, metrics.clone()));
+    let assigner = Arc::new(
+        Assigner::new(session.clone(), paths.clone(), code.clone(), timeouts, metrics.clone())
+            .with_limits(config.topology_limits()),
+    );
     let transitions =
         Arc::new(Transitions::new(session.clone(), paths, code.clone(), assigner.clone(), metrics));
     let monitor_freq = Duration::from_secs(config.monitor_freq_secs);

@@ -27,7 +27,7 @@ use cluster_state::api::{
 };
 use cluster_state::code::CodeFile;
 use cluster_state::coord;
-use cluster_state::http::ServeOptions;
+use cluster_state::http::{Peer, ServeOptions};
 use cluster_state::ids::TopologyId;
 use futures::TryStreamExt;
 use http_body_util::combinators::BoxBody;
@@ -126,17 +126,23 @@ impl ApiError {
     fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, message)
     }
+
+    /// A failure of nimbus itself: the client learns what failed, the log gets the detail
+    /// (which names server paths the client has no business seeing).
+    fn internal(status: StatusCode, what: &str, detail: &dyn std::fmt::Display) -> Self {
+        tracing::error!("{what}: {detail}");
+        Self::new(status, format!("{what}; the details are in nimbus's log"))
+    }
 }
 
 impl From<coord::Error> for ApiError {
     fn from(e: coord::Error) -> Self {
-        let status = if e.is_retryable() || e.is_session_lost() {
-            StatusCode::SERVICE_UNAVAILABLE
+        if e.is_retryable() || e.is_session_lost() {
+            let what = "nimbus's ZooKeeper connection is down; try again";
+            ApiError::internal(StatusCode::SERVICE_UNAVAILABLE, what, &e)
         } else {
-            StatusCode::INTERNAL_SERVER_ERROR
-        };
-        tracing::warn!("request failed on ZooKeeper: {e}");
-        ApiError::new(status, format!("ZooKeeper: {e}"))
+            ApiError::internal(StatusCode::INTERNAL_SERVER_ERROR, "a ZooKeeper request failed", &e)
+        }
     }
 }
 
@@ -147,13 +153,13 @@ impl From<CodeStoreError> for ApiError {
             InvalidChecksum { .. } | ChecksumMismatch { .. } => StatusCode::BAD_REQUEST,
             UnknownUpload { .. } | NoCode { .. } => StatusCode::NOT_FOUND,
             TooLarge { .. } | PastDeclaredSize { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            TooManyUploads { .. } => StatusCode::TOO_MANY_REQUESTS,
+            TooManyUploads { .. } | TooManyUploadsFromClient { .. } => StatusCode::TOO_MANY_REQUESTS,
             WrongOffset { .. } | Incomplete { .. } | AlreadyFinished { .. } | NotFinished { .. } => {
                 StatusCode::CONFLICT
             }
-            Io { .. } => {
-                tracing::error!("code store failed: {e}");
-                StatusCode::INTERNAL_SERVER_ERROR
+            Io { source, .. } => {
+                let what = format!("nimbus's code store failed to read or write a file ({})", source.kind());
+                return ApiError::internal(StatusCode::INTERNAL_SERVER_ERROR, &what, &e);
             }
         };
         ApiError::new(status, e.to_string())
@@ -169,7 +175,10 @@ impl From<TransitionError> for ApiError {
             TransitionError::Lifecycle(LifecycleError::NoTransition { .. })
             | TransitionError::Contended { .. } => StatusCode::CONFLICT,
             TransitionError::Lifecycle(_) => StatusCode::BAD_REQUEST,
-            TransitionError::Reschedule { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            TransitionError::Reschedule { ref id, .. } => {
+                let what = format!("rescheduling topology {id} failed");
+                return ApiError::internal(StatusCode::INTERNAL_SERVER_ERROR, &what, &e);
+            }
         };
         ApiError::new(status, e.to_string())
     }
@@ -180,7 +189,9 @@ impl From<SubmitError> for ApiError {
         match e {
             SubmitError::Code(c) => ApiError::from(c),
             SubmitError::Coord(c) => ApiError::from(c),
-            SubmitError::NotText | SubmitError::Structure(_) => ApiError::bad_request(e.to_string()),
+            SubmitError::NotText | SubmitError::Structure(_) | SubmitError::Limit(_) => {
+                ApiError::bad_request(e.to_string())
+            }
             SubmitError::NameTaken { .. } => ApiError::new(StatusCode::CONFLICT, e.to_string()),
         }
     }
@@ -300,6 +311,11 @@ async fn dispatch(state: &ApiState, request: Request<Incoming>) -> Result<Respon
             } else {
                 api::decode_request::<RebalanceRequest>(&body)?.into_options()
             };
+            // Storm caps executors at tasks; asking for more is refused, naming the component.
+            if !options.executors.is_empty() {
+                let asked = options.executors.iter().map(|(c, n)| (c.clone(), n.0)).collect();
+                state.assigner.check_rebalance(&id, &asked).await?;
+            }
             let event = Event::Rebalance {
                 wait_secs,
                 num_workers: options.num_workers.map(|n| n.0),
@@ -308,7 +324,8 @@ async fn dispatch(state: &ApiState, request: Request<Incoming>) -> Result<Respon
             ok(&operate(state, &id, Operation::Rebalance, event).await?)
         }
         Route::BeginUpload => {
-            let begun = begin_upload(state, json_body(request, json_limit).await?).await?;
+            let client = request.extensions().get::<Peer>().map(|p| p.0.ip());
+            let begun = begin_upload(state, client, json_body(request, json_limit).await?).await?;
             Ok(json_response(StatusCode::CREATED, &begun))
         }
         Route::Chunk { upload, offset } => {
@@ -430,8 +447,13 @@ async fn operate(
     })
 }
 
-async fn begin_upload(state: &ApiState, body: BeginUpload) -> Result<UploadBegun, ApiError> {
-    let upload_id = state.transitions.code().begin(body.size).await?;
+/// `client` is the peer's address; its uploads are bounded per address.
+async fn begin_upload(
+    state: &ApiState,
+    client: Option<std::net::IpAddr>,
+    body: BeginUpload,
+) -> Result<UploadBegun, ApiError> {
+    let upload_id = state.transitions.code().begin_for(body.size, client).await?;
     Ok(UploadBegun { upload_id, size: body.size })
 }
 
@@ -456,11 +478,14 @@ async fn finish_upload(
 
 fn authorize(state: &ApiState, request: &Request<Incoming>) -> Result<(), ApiError> {
     let Some(token) = &state.config.token else { return Ok(()) };
+    // RFC 7235: the scheme is case-insensitive, and one or more spaces separate it.
     let given = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim_start_matches(' '));
     match given {
         Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => Ok(()),
         Some(_) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "the bearer token is wrong")),

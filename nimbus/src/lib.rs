@@ -10,6 +10,8 @@
 //! - [`assigner`]: the one writer of `/assignments`: submit (install the code, write the topology
 //!   and its first assignment), the monitor pass that reassigns dead executors (Storm's
 //!   `mk-assignments`), and the rescheduling a due rebalance asks for.
+//! - [`assignments`]: `write_assignment`, the compare-and-set of `/assignments/<id>` against
+//!   the base and assignment a pass read; oversized assignments are never sent.
 //! - [`code_store`]: `stormdist/<topology-id>` and chunked uploads (begin / chunk / finish /
 //!   install), with ids from clients validated so none becomes a path.
 //! - [`daemon`]: [`NimbusConfig`] (Storm's key names) and the [`run`] / [`serve`] entries that
@@ -17,6 +19,8 @@
 //! - [`http`]: the HTTP/JSON API (Storm UI REST shapes), served by `http::run`.
 //! - [`lifecycle`]: the topology state machine (active, inactive, rebalancing, killed) as a pure
 //!   function over the stored base record, delayed transitions included.
+//! - [`limits`]: how large a topology may be (tasks, executors, assignment bytes), checked at
+//!   submit and rebalance.
 //! - [`liveness`]: which executors are alive, from heartbeats measured on nimbus's own clock.
 //! - [`metrics`]: `squall_nimbus_*` counters on the caller's registry.
 //! - [`scheduler`]: Storm's even scheduler as a pure function (`schedule(input) -> Schedule`).
@@ -30,10 +34,12 @@
 #![deny(clippy::disallowed_types)]
 
 pub mod assigner;
+pub mod assignments;
 pub mod code_store;
 pub mod daemon;
 pub mod http;
 pub mod lifecycle;
+pub mod limits;
 pub mod liveness;
 pub mod metrics;
 pub mod scheduler;

@@ -23,6 +23,9 @@ pub struct NimbusMetrics {
     pub slots: IntGaugeVec,
     /// Executors without a slot at the last pass (the cluster has too few free slots).
     pub executors_unassigned: IntGauge,
+    /// `squall_nimbus_assignment_failures_total{reason}`: assignments a monitor pass did not
+    /// write (`too_large`, `conflict`: changed since read, `error`, `over_limit`); the pass went on.
+    pub assignment_failures: IntCounterVec,
 }
 
 impl NimbusMetrics {
@@ -37,6 +40,7 @@ impl NimbusMetrics {
         registry.register(Box::new(metrics.supervisors.clone()))?;
         registry.register(Box::new(metrics.slots.clone()))?;
         registry.register(Box::new(metrics.executors_unassigned.clone()))?;
+        registry.register(Box::new(metrics.assignment_failures.clone()))?;
         Ok(metrics)
     }
 
@@ -79,6 +83,13 @@ impl NimbusMetrics {
                 "squall_nimbus_executors_unassigned",
                 "Executors without a slot at nimbus's last monitor pass",
             ))?,
+            assignment_failures: IntCounterVec::new(
+                Opts::new(
+                    "squall_nimbus_assignment_failures_total",
+                    "Assignments a monitor pass did not write, by reason (too_large, conflict, error, over_limit)",
+                ),
+                &["reason"],
+            )?,
         })
     }
 

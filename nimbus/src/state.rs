@@ -51,6 +51,20 @@ where
     K::Err: std::fmt::Display,
     V: ZnodeData,
 {
+    Ok(read_dir_versioned(session, dir, skipped).await?.into_iter().map(|(k, (v, _))| (k, v)).collect())
+}
+
+/// [`read_dir`] with each node's version, for a compare-and-set of what was read.
+async fn read_dir_versioned<K, V>(
+    session: &Session,
+    dir: &str,
+    skipped: &mut Vec<Skipped>,
+) -> coord::Result<BTreeMap<K, (V, i32)>>
+where
+    K: FromStr + Ord,
+    K::Err: std::fmt::Display,
+    V: ZnodeData,
+{
     let mut named = Vec::new();
     for name in session.children_or_empty(dir).await? {
         let path = join(dir, &name);
@@ -62,8 +76,8 @@ where
     let reads = join_all(named.iter().map(|(_, path)| session.read::<V>(path))).await;
     let mut values = BTreeMap::new();
     for ((key, path), read) in named.into_iter().zip(reads) {
-        if let Some(value) = tolerate(read, &path, skipped)? {
-            values.insert(key, value.0);
+        if let Some((value, stat)) = tolerate(read, &path, skipped)? {
+            values.insert(key, (value, stat.version));
         }
     }
     Ok(values)
@@ -105,6 +119,46 @@ pub async fn read_snapshot(
         value: ClusterSnapshot { storms, assignments, supervisors, nimbus_start_secs, now_secs },
         skipped,
     })
+}
+
+/// What a monitor pass reads: the cluster, with the version of every base and assignment
+/// read, so each write is a compare-and-set of what the pass decided on.
+#[derive(Debug, Clone, Default)]
+pub struct VersionedSnapshot {
+    pub cluster: ClusterSnapshot,
+    pub storm_versions: BTreeMap<TopologyId, i32>,
+    pub assignment_versions: BTreeMap<TopologyId, i32>,
+}
+
+/// [`read_snapshot`] with the versions of bases and assignments.
+pub async fn read_versioned_snapshot(
+    session: &Session,
+    paths: &StormPaths,
+    now_secs: u64,
+) -> coord::Result<Read<VersionedSnapshot>> {
+    let mut skipped = Vec::new();
+    let storms =
+        read_dir_versioned::<TopologyId, StormBase>(session, &paths.storms_dir(), &mut skipped).await?;
+    let assignments =
+        read_dir_versioned::<TopologyId, Assignment>(session, &paths.assignments_dir(), &mut skipped).await?;
+    let supervisors =
+        read_dir::<SupervisorId, SupervisorInfo>(session, &paths.supervisors_dir(), &mut skipped).await?;
+    let storm_versions = storms.iter().map(|(id, (_, v))| (id.clone(), *v)).collect();
+    let assignment_versions = assignments.iter().map(|(id, (_, v))| (id.clone(), *v)).collect();
+    let cluster = ClusterSnapshot {
+        storms: storms.into_iter().map(|(id, (b, _))| (id, b)).collect(),
+        assignments: assignments.into_iter().map(|(id, (a, _))| (id, a)).collect(),
+        supervisors,
+        nimbus_start_secs: 0,
+        now_secs,
+    };
+    Ok(Read { value: VersionedSnapshot { cluster, storm_versions, assignment_versions }, skipped })
+}
+
+/// The ids of every node under `/storms` whose name is a topology id, decodable or not: a
+/// name is taken as long as any of them carries it.
+pub async fn stored_topology_ids(session: &Session, paths: &StormPaths) -> coord::Result<Vec<TopologyId>> {
+    Ok(session.children_or_empty(&paths.storms_dir()).await?.iter().filter_map(|n| n.parse().ok()).collect())
 }
 
 /// Every stored topology base with its znode version (for compare-and-set).

@@ -140,7 +140,21 @@ impl Reply {
 
 /// One HTTP/1.1 request over a fresh connection (`Connection: close`), read to the end.
 async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
+    request_from([127, 0, 0, 1], addr, method, path, headers, body).await
+}
+
+/// [`request`] from the loopback address `source` (any of 127.0.0.0/8), as another client.
+async fn request_from(
+    source: [u8; 4],
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Reply {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from((source, 0))).unwrap();
+    let mut stream = socket.connect(addr).await.unwrap();
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: nimbus\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
@@ -375,6 +389,10 @@ async fn lifecycle_operations_write_the_base_record() {
     post(format!("/api/v1/topology/{ID}/rebalance/5"), br#"{"executors":{"nope":2}}"#)
         .await
         .assert_error(400, "no component nope");
+    // Storm caps executors at tasks: more executors than split's 2 tasks is refused.
+    post(format!("/api/v1/topology/{ID}/rebalance/5"), br#"{"executors":{"split":"4"}}"#)
+        .await
+        .assert_error(400, "component split has 2 tasks");
     post("/api/v1/topology/wc-9-1700000000/activate".into(), b"").await.assert_error(404, "no topology");
     let huge = vec![b' '; 100 * 1024];
     request(nimbus.addr, "POST", &format!("/api/v1/topology/{ID}/rebalance/5"), &[], &huge)
@@ -384,7 +402,7 @@ async fn lifecycle_operations_write_the_base_record() {
 
     let reply = post(
         format!("/api/v1/topology/{ID}/rebalance/600"),
-        br#"{"rebalanceOptions":{"numWorkers":3,"executors":{"split":"4"}}}"#,
+        br#"{"rebalanceOptions":{"numWorkers":3,"executors":{"split":"1"}}}"#,
     )
     .await;
     assert_eq!(reply.json()["topologyStatus"], "REBALANCING");
@@ -392,7 +410,7 @@ async fn lifecycle_operations_write_the_base_record() {
     assert!(matches!(
         stored.pending_transition,
         Some(DelayedTransition::Rebalance { num_workers: Some(3), ref component_executors, .. })
-            if component_executors == &BTreeMap::from([(comp("split"), 4)])
+            if component_executors == &BTreeMap::from([(comp("split"), 1)])
     ));
     post(format!("/api/v1/topology/{ID}/activate"), b"").await.assert_error(409, "is rebalancing");
 
@@ -430,6 +448,64 @@ async fn mutating_calls_need_the_token() {
         200,
         "reads need no token"
     );
+    nimbus.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let ensemble = Ensemble::in_memory();
+    let dir = tempfile::tempdir().unwrap();
+    let config = ApiConfig { token: Some("s3cret".into()), ..Default::default() };
+    let nimbus = Nimbus::start(&ensemble, dir.path(), config).await;
+    seed(nimbus.session(), nimbus.transitions.code()).await;
+    // RFC 7235: "bearer", "BEARER" are the same scheme; spaces may separate it from the token.
+    for (verb, authorization) in
+        [("deactivate", "bearer s3cret"), ("activate", "BEARER s3cret"), ("deactivate", "Bearer  s3cret")]
+    {
+        let path = format!("/api/v1/topology/{ID}/{verb}");
+        let reply = request(nimbus.addr, "POST", &path, &[("Authorization", authorization)], b"").await;
+        assert_eq!(reply.status, 200, "{authorization:?}: {}", String::from_utf8_lossy(&reply.body));
+    }
+    assert_eq!(stored_base(nimbus.session()).await.unwrap().status, TopologyStatus::Inactive);
+    let path = format!("/api/v1/topology/{ID}/activate");
+    for authorization in ["Basic s3cret", "bearer", "Bearers3cret"] {
+        let reply = request(nimbus.addr, "POST", &path, &[("Authorization", authorization)], b"").await;
+        assert_eq!(reply.status, 401, "{authorization:?}");
+    }
+    nimbus.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_failures_say_what_failed_without_server_paths() {
+    let ensemble = Ensemble::in_memory();
+    let dir = tempfile::tempdir().unwrap();
+    let nimbus = Nimbus::start(&ensemble, dir.path(), ApiConfig::default()).await;
+    let topology = upload(&nimbus, TOPOLOGY_FILE.as_bytes()).await;
+    // The code dir cannot be written: installing the code fails on the server's disk.
+    std::fs::remove_dir_all(dir.path().join("stormdist")).unwrap();
+    std::fs::write(dir.path().join("stormdist"), b"not a directory").unwrap();
+    let body = format!(r#"{{"topologyUpload":"{topology}"}}"#);
+    let reply = nimbus.request("POST", "/api/v1/topology/submit", body.as_bytes()).await;
+    reply.assert_error(500, "nimbus's code store failed to read or write a file");
+    let message = reply.json()["errorMessage"].as_str().unwrap().to_owned();
+    assert!(!message.contains(dir.path().to_str().unwrap()) && !message.contains('/'), "{message}");
+    nimbus.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_cannot_take_every_upload_slot() {
+    let ensemble = Ensemble::in_memory();
+    let dir = tempfile::tempdir().unwrap();
+    let limits =
+        CodeStoreLimits { max_pending_uploads: 3, max_pending_uploads_per_client: 2, ..Default::default() };
+    let nimbus =
+        Nimbus::start_with(&ensemble, dir.path(), ApiConfig::default(), limits, Duration::from_secs(1)).await;
+    let begin =
+        |source: [u8; 4]| request_from(source, nimbus.addr, "POST", "/api/v1/uploads", &[], br#"{"size":1}"#);
+    assert_eq!(begin([127, 0, 0, 1]).await.status, 201);
+    assert_eq!(begin([127, 0, 0, 1]).await.status, 201);
+    begin([127, 0, 0, 1]).await.assert_error(429, "from 127.0.0.1 (2)");
+    assert_eq!(begin([127, 0, 0, 2]).await.status, 201, "another client still uploads");
     nimbus.stop().await;
 }
 

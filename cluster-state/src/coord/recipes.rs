@@ -30,8 +30,9 @@ impl Session {
 
     /// Writes `data` to a persistent node whether or not it exists: sets it (any version), or
     /// creates it and its missing parents. Last writer wins, so use it only for nodes with one
-    /// writer (a worker's heartbeat, nimbus's assignment); a node created concurrently between
-    /// the set and the create is set again.
+    /// writer that nobody else deletes (a worker's heartbeat; not nimbus's assignment, which a
+    /// kill removes: see `nimbus::assigner::write_assignment`); a node created concurrently
+    /// between the set and the create is set again.
     pub async fn set_or_create(&self, path: &str, data: &[u8]) -> Result<()> {
         match self.set(path, data, None).await {
             Ok(_) => Ok(()),

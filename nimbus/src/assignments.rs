@@ -1,0 +1,88 @@
+//! Writing `/assignments/<id>`: a compare-and-set of what the monitor pass read.
+//!
+//! The pass decides on a snapshot; between its read and its write a kill may remove the
+//! topology (assignment first, base last) or a transition may change its base. So each write
+//! is one multi: check `/storms/<id>` at the version read, then set the assignment at the
+//! version read, or create it if it was absent. A conflict is not an error of the pass: the
+//! next pass re-reads and decides again. An assignment larger than a znode may safely hold is
+//! never sent (ZooKeeper drops the connection of a request above `jute.maxbuffer`).
+
+use cluster_state::coord::{self, CreateMode, Op, Session};
+use cluster_state::ids::TopologyId;
+use cluster_state::paths::StormPaths;
+use cluster_state::znode::{Assignment, ZnodeData};
+
+use crate::limits::MAX_ASSIGNMENT_BYTES;
+
+/// Why one topology's assignment was not written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AssignmentWriteError {
+    /// Larger than a znode may safely be (see [`crate::limits`]); never sent.
+    #[error("its assignment would take {bytes} bytes, above the {max} bytes a znode may safely hold")]
+    TooLarge { bytes: usize, max: usize },
+    /// `/storms/<id>` or `/assignments/<id>` changed (or went) since the pass read them.
+    #[error("its base record or assignment changed since it was read; decided again at the next pass")]
+    Conflict,
+    /// ZooKeeper refused the write for another reason.
+    #[error("writing its assignment failed: {0}")]
+    Failed(String),
+    /// Over one of nimbus's limits, so not scheduled at all.
+    #[error("not scheduled: {0}")]
+    OverLimit(String),
+}
+
+impl AssignmentWriteError {
+    /// The metric label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AssignmentWriteError::TooLarge { .. } => "too_large",
+            AssignmentWriteError::Conflict => "conflict",
+            AssignmentWriteError::Failed(_) => "error",
+            AssignmentWriteError::OverLimit(_) => "over_limit",
+        }
+    }
+}
+
+/// Writes `assignment` to `/assignments/<id>` as a compare-and-set of what was read: only
+/// while `/storms/<id>` is still at `storm_version`, and the assignment still at
+/// `assignment_version` (`None`: it did not exist, and is created only if it still does not).
+/// A kill that removed the topology or its assignment in between is never undone. An
+/// assignment too large for a znode is not sent at all. Errors of the session itself
+/// (connection or session lost) are `Err`; everything about this one topology is `Ok(Err)`.
+pub async fn write_assignment(
+    session: &Session,
+    paths: &StormPaths,
+    id: &TopologyId,
+    storm_version: i32,
+    assignment_version: Option<i32>,
+    assignment: &Assignment,
+) -> Result<Result<(), AssignmentWriteError>, coord::Error> {
+    let data = assignment.encode();
+    if data.len() > MAX_ASSIGNMENT_BYTES {
+        return Ok(Err(AssignmentWriteError::TooLarge { bytes: data.len(), max: MAX_ASSIGNMENT_BYTES }));
+    }
+    let path = paths.assignment(id);
+    let write = match assignment_version {
+        Some(version) => Op::SetData { path, data, version: Some(version) },
+        None => {
+            session.ensure_path(&paths.assignments_dir()).await?;
+            Op::Create { path, data, mode: CreateMode::Persistent }
+        }
+    };
+    let check = Op::Check { path: paths.storm(id), version: storm_version };
+    match session.multi(&[check, write]).await {
+        Ok(_) => Ok(Ok(())),
+        Err(e) if e.is_retryable() || e.is_session_lost() => Err(e),
+        Err(coord::Error::MultiFailed { source, .. })
+            if matches!(
+                *source,
+                coord::Error::NoNode { .. }
+                    | coord::Error::NodeExists { .. }
+                    | coord::Error::BadVersion { .. }
+            ) =>
+        {
+            Ok(Err(AssignmentWriteError::Conflict))
+        }
+        Err(e) => Ok(Err(AssignmentWriteError::Failed(e.to_string()))),
+    }
+}
