@@ -15,6 +15,8 @@
 //! - [`daemon`]: [`NimbusConfig`] (Storm's key names) and the [`run`] / [`serve`] entries that
 //!   wire a session, the code store, the deadline timers and the API together.
 //! - [`http`]: the HTTP/JSON API (Storm UI REST shapes), served by `http::run`.
+//! - [`lag`]: consumer-group lag of every group under `/consumers`, judged with Burrow's rules
+//!   on an interval and exported under kafka_exporter's, Burrow's and Squall's names.
 //! - [`lifecycle`]: the topology state machine (active, inactive, rebalancing, killed) as a pure
 //!   function over the stored base record, delayed transitions included.
 //! - [`liveness`]: which executors are alive, from heartbeats measured on nimbus's own clock.
@@ -33,6 +35,7 @@ pub mod assigner;
 pub mod code_store;
 pub mod daemon;
 pub mod http;
+pub mod lag;
 pub mod lifecycle;
 pub mod liveness;
 pub mod metrics;
