@@ -2,7 +2,7 @@
 //!
 //! Verbs: `local` (run a topology in this process), `nimbus` and `supervisor` (the daemons),
 //! `worker` (what a supervisor launches for one slot), and the operator verbs over nimbus's API
-//! ([`ops`]): `submit`, `list`, `kill`, `activate`, `deactivate`, `rebalance`, `errors`; and
+//! ([`ops`]): `submit`, `list`, `kill`, `activate`, `deactivate`, `rebalance`, `errors`; `replay` ([`replay`]); and
 //! `offsets` ([`offsets`]) for consumer groups.
 
 // Async code: `tokio::time::Instant`, never std's (see clippy.toml).
@@ -13,6 +13,7 @@ mod daemons;
 mod local;
 mod offsets;
 mod ops;
+mod replay;
 
 /// Tuples are allocated on one executor thread and freed on another; mimalloc handles that far
 /// better than glibc malloc (worker benchmark: +20-40% throughput). Users' own worker binaries
@@ -56,6 +57,9 @@ enum Command {
     Rebalance(ops::RebalanceCommand),
     /// Show the errors a topology's components reported, newest first.
     Errors(ops::NameCommand),
+    /// Replay a running topology's Kafka input from an earlier position: deactivate, wait for
+    /// the group to empty, reset its offsets, activate.
+    Replay(Box<replay::ReplayCommand>),
     /// Inspect, export, reset and snapshot a consumer group's offsets (ZooKeeper and Kafka).
     Offsets(offsets::OffsetsCommand),
 }
@@ -92,6 +96,7 @@ fn main() -> ExitCode {
         Some(Command::Deactivate(cmd)) => report("deactivate", ops::set_active(cmd, false)),
         Some(Command::Rebalance(cmd)) => report("rebalance", ops::rebalance(cmd)),
         Some(Command::Errors(cmd)) => report("errors", ops::errors(cmd)),
+        Some(Command::Replay(cmd)) => report("replay", replay::replay(*cmd)),
         Some(Command::Offsets(cmd)) => report("offsets", offsets::execute(cmd)),
         None => ExitCode::SUCCESS,
     }

@@ -25,7 +25,7 @@ pub struct ClientArgs {
 }
 
 impl ClientArgs {
-    fn client(&self) -> Result<NimbusClient, String> {
+    pub(crate) fn client(&self) -> Result<NimbusClient, String> {
         let config = ClusterConfig::load(self.config.as_deref())?;
         let address = match &self.nimbus {
             Some(a) => a.clone(),
@@ -91,7 +91,7 @@ pub struct RebalanceCommand {
     pub client: ClientArgs,
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, String> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -109,7 +109,7 @@ pub fn explain(e: ClientError) -> String {
 }
 
 /// Finds the id of the topology called `name` (an id is accepted as is, if nimbus has it).
-async fn resolve(client: &NimbusClient, name: &str) -> Result<TopologyId, String> {
+pub(crate) async fn resolve(client: &NimbusClient, name: &str) -> Result<TopologyId, String> {
     let summary = client.topology_summary().await.map_err(explain)?;
     summary
         .topologies

@@ -139,6 +139,66 @@ fn every_message_at_least_once_with_ten_percent_failures_and_commits_reach_the_e
     cluster.shutdown(Duration::from_secs(5));
 }
 
+/// Issue 15: deactivate releases the group (tuples in flight complete, offsets are committed,
+/// `/ids` and `/owners` empty), an operator resets the offsets, activate joins again from them:
+/// every message is delivered again.
+#[test]
+fn deactivate_leaves_the_group_and_activate_replays_from_reset_offsets() {
+    let kafka = MockKafka::start(&[("replay", 4)]);
+    produce(&kafka.bootstrap(), "replay", 4, 0..400);
+    let rig = Rig::new();
+    let record = Arc::new(Record::default());
+    let cluster = rig.start(
+        "replay",
+        spout_config(&kafka.bootstrap(), "replay", "g-replay"),
+        2,
+        &record,
+        ack_all,
+        TopologyConfig::default(),
+    );
+    let zk = Zk::connect(&rig.ensemble);
+    let committed = |p| zk.committed("g-replay", "replay", p);
+    assert!(wait_until(WAIT, || record.numbers() == all(400)), "first pass: {}", record.numbers().len());
+    assert_eq!(zk.ids("g-replay").len(), 2, "both tasks registered");
+    cluster.runtime().deactivate();
+    assert!(
+        wait_until(WAIT, || zk.ids("g-replay").is_empty() && zk.owners("g-replay", "replay").is_empty()),
+        "still registered after deactivate: ids {:?}, owners {:?}",
+        zk.ids("g-replay"),
+        zk.owners("g-replay", "replay")
+    );
+    assert_eq!(
+        (0..4).map(committed).collect::<Vec<_>>(),
+        vec![Some(100); 4],
+        "everything acked is committed"
+    );
+    // Nothing is emitted while deactivated, even as new messages arrive.
+    produce(&kafka.bootstrap(), "replay", 4, 400..440);
+    let seen_before = record.len();
+    for p in 0..4 {
+        zk.reset_committed("g-replay", "replay", p, 0);
+    }
+    assert_eq!(record.len(), seen_before, "emitted while deactivated");
+    cluster.runtime().activate();
+    let twice = || {
+        let seen = record.seen.lock().unwrap();
+        let mut counts = std::collections::BTreeMap::<u64, usize>::new();
+        for s in seen.iter() {
+            *counts.entry(s.number()).or_default() += 1;
+        }
+        (0..400).all(|n| counts.get(&n).copied().unwrap_or(0) >= 2)
+            && (400..440).all(|n| counts.contains_key(&n))
+    };
+    assert!(wait_until(WAIT, twice), "not every message was delivered again: {} seen", record.len());
+    assert_eq!(zk.ids("g-replay").len(), 2, "both tasks joined again");
+    assert!(
+        wait_until(WAIT, || (0..4).all(|p| committed(p) == Some(110))),
+        "{:?}",
+        (0..4).map(committed).collect::<Vec<_>>()
+    );
+    cluster.shutdown(Duration::from_secs(5));
+}
+
 #[test]
 fn committed_offsets_never_pass_an_unacked_offset() {
     let kafka = MockKafka::start(&[("held", 2)]);

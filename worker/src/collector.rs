@@ -232,6 +232,15 @@ impl Emitter {
         }
     }
 
+    /// Picks up routes replaced since the last flush (one atomic load when they were not):
+    /// called before a batch is processed, so that tuples never go to where a task was before
+    /// an assignment moved it (those trees would wait for the message timeout).
+    pub(crate) fn refresh_routes(&mut self) {
+        if self.shared.version.load(Ordering::Acquire) != self.version {
+            self.flush();
+        }
+    }
+
     /// Emits `values` on `stream`; `tree` is called once per target with the new tuple's edge
     /// id and returns its anchors. Returns the number of targets.
     fn emit_with(

@@ -243,21 +243,22 @@ fn run_spout(
     // After tasks moved: trees emitted up to the first instant that are still pending at the
     // second went through a worker that is gone.
     let mut suspect: Option<(Instant, Instant)> = None;
+    // Tasks moved (news from the worker's control loop), not yet acted on.
+    let mut moved = false;
 
     loop {
         if shared.cancel.is_cancelled() {
             break;
         }
         while let Ok(b) = inbox.try_recv() {
-            on_done(
-                &mut spouts,
-                &mut pending,
-                b,
-                &mut lat,
-                &mut hist,
-                (&mut acked, &mut failed),
-                &mut suspect,
-            );
+            on_done(&mut spouts, &mut pending, b, &mut lat, &mut hist, (&mut acked, &mut failed), &mut moved);
+        }
+        if std::mem::take(&mut moved) {
+            // The routes were replaced before the news was sent: take them now, so that
+            // everything emitted after `moved_at` goes to the tasks' new places.
+            em.refresh_routes();
+            let now = Instant::now();
+            suspect = Some((now, now + MOVED_TASKS_GRACE));
         }
         if let Some((moved_at, deadline)) = suspect
             && Instant::now() >= deadline
@@ -338,7 +339,7 @@ fn run_spout(
                     &mut lat,
                     &mut hist,
                     (&mut acked, &mut failed),
-                    &mut suspect,
+                    &mut moved,
                 ),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -375,7 +376,7 @@ fn fail_all(
 /// half load), so this is generous, and far below Storm's 30 s message timeout.
 const MOVED_TASKS_GRACE: Duration = Duration::from_secs(1);
 
-/// Applies acker verdicts to the spout tasks, and notes when tasks moved (`suspect`).
+/// Applies acker verdicts to the spout tasks, and notes when tasks moved (`moved`).
 #[allow(clippy::too_many_arguments)]
 fn on_done(
     spouts: &mut [Box<dyn Spout>],
@@ -384,12 +385,11 @@ fn on_done(
     lat: &mut LatencyAcc,
     hist: &mut Option<Histogram<u64>>,
     (acked, failed): (&mut u64, &mut u64),
-    suspect: &mut Option<(Instant, Instant)>,
+    moved: &mut bool,
 ) {
     for env in b {
         if let Envelope::Ack { msg: AckMsg::TasksMoved, .. } = env {
-            let now = Instant::now();
-            *suspect = Some((now, now + MOVED_TASKS_GRACE));
+            *moved = true;
             continue;
         }
         if let Envelope::Ack { msg: AckMsg::Done { root, ok }, .. } = env
@@ -484,6 +484,7 @@ fn run_bolt(
             next_tick.map_or(IDLE_POLL, |t| t.saturating_duration_since(Instant::now()).min(IDLE_POLL));
         match inbox.recv_timeout(timeout) {
             Ok(mut b) => loop {
+                em.refresh_routes();
                 for env in b.drain(..) {
                     if let Envelope::Tuple { task, tuple } = env
                         && let Some(tuple) = inputs.take(tuple)

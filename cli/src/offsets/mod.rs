@@ -35,6 +35,7 @@ mod time;
 
 use kafka::{Kafka, connection_kafka};
 use reset::reset;
+pub(crate) use reset::reset as reset_group;
 use tables::print_plan;
 pub use tables::{DescribeRow, SnapshotRow, describe_table, snapshots_table};
 
@@ -190,7 +191,7 @@ impl Connection {
         Ok(config.zookeeper()?.unwrap_or_else(|| "127.0.0.1:2181".to_owned()))
     }
 
-    fn paths(&self) -> Result<KafkaPaths, String> {
+    pub(crate) fn paths(&self) -> Result<KafkaPaths, String> {
         KafkaPaths::new(self.registry_chroot.as_deref()).map_err(|e| format!("--registry-chroot: {e}"))
     }
 
@@ -221,7 +222,7 @@ pub fn execute(cmd: OffsetsCommand) -> Result<(), String> {
     })
 }
 
-async fn session(connection: &Connection) -> Result<cluster_state::coord::Session, String> {
+pub(crate) async fn session(connection: &Connection) -> Result<cluster_state::coord::Session, String> {
     let zookeeper = connection.zookeeper()?;
     let options = SessionOptions { connect_timeout: Duration::from_secs(10), ..Default::default() };
     Ensemble::zookeeper(zookeeper.clone())

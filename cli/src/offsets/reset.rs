@@ -48,7 +48,7 @@ impl Target {
     }
 }
 
-pub(super) async fn reset(args: ResetArgs) -> Result<(), String> {
+pub(crate) async fn reset(args: ResetArgs) -> Result<(), String> {
     let group = group_id(&args.group)?;
     let topic = args.topic.as_deref().map(topic_of).transpose()?;
     let target = Target::from_args(&args, &group)?;

@@ -31,8 +31,10 @@ use crate::metrics::SpoutMetrics;
 /// Requests from the executor thread to the coordinator.
 #[derive(Debug)]
 pub(super) enum Request {
-    /// Commit what is safe now (deactivate).
-    Commit,
+    /// Leave the group (deactivate): stop emitting, wait for the tuples in flight (bounded by
+    /// the message timeout), commit, then give every partition up and deregister, so that
+    /// `/ids` and `/owners` no longer name this task and an operator may reset the offsets.
+    Leave,
 }
 
 /// Partition counts from Kafka's metadata API, for topics not registered in ZooKeeper.
@@ -77,6 +79,9 @@ pub(super) struct Coordinator {
     pub(super) metrics: SpoutMetrics,
     pub(super) paused: prometheus::IntGauge,
     pub(super) drain_timeout: Duration,
+    /// How long leaving on deactivate waits for the tuples in flight: the message timeout,
+    /// after which the executor has failed every one of them.
+    pub(super) leave_timeout: Duration,
     /// Per partition: the last log-end offset seen and Burrow's window of commits.
     pub(super) lag_windows: Mutex<HashMap<TopicPartition, (Option<i64>, LagWindow)>>,
 }
@@ -98,6 +103,7 @@ impl Coordinator {
         let period = Duration::from_millis(self.config.offsets_commit_interval_ms);
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut leaving = false;
         loop {
             tokio::select! {
                 biased;
@@ -107,7 +113,10 @@ impl Coordinator {
                     None => break, // the member stopped (an error it logged)
                 },
                 request = requests.recv() => match request {
-                    Some(Request::Commit) => self.commit_owned().await,
+                    Some(Request::Leave) => {
+                        leaving = true;
+                        break;
+                    }
                     None => break,
                 },
                 _ = tick.tick() => self.commit_owned().await,
@@ -115,6 +124,9 @@ impl Coordinator {
         }
         lag_cancel.cancel();
         let _ = lag_task.await;
+        if leaving {
+            self.drain_everything(&cancel).await;
+        }
         // Shutdown: commit, then leave the group (the member hands every partition off through
         // Revoking events, which are acknowledged without waiting for tuples that will never
         // be acked now), then close the session.
@@ -318,6 +330,41 @@ impl Coordinator {
         }
         drop(state);
         self.forget_group_gauges(partitions);
+    }
+
+    /// Deactivation: stops emitting from every partition and waits until nothing is in flight,
+    /// the leave timeout passes or the task is cancelled. Session events are not handled
+    /// meanwhile: the lease still fences emission, and nothing is emitted anyway.
+    async fn drain_everything(&self, cancel: &CancellationToken) {
+        let owned: BTreeSet<TopicPartition> = {
+            let mut state = lock(&self.state);
+            for part in state.parts.values_mut() {
+                part.emitting = false;
+            }
+            state.parts.values().map(|p| p.tp.clone()).collect()
+        };
+        self.unassign(&owned);
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.leave_timeout;
+        loop {
+            let notified = self.drained.notified();
+            let in_flight = lock(&self.state).in_flight(&owned);
+            if in_flight == 0 {
+                break;
+            }
+            tokio::select! {
+                () = notified => {}
+                // Acks arrive on the executor thread; `drained` fires only for a partition
+                // whose last tuple settled, so look again now and then.
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                () = cancel.cancelled() => break,
+                () = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!(component = %self.component, in_flight, "tuples in flight at deactivation did not complete in time; committing what is acknowledged");
+                    break;
+                }
+            }
+        }
+        tracing::info!(component = %self.component, task = self.task, partitions = owned.len(), drained_in = ?started.elapsed(), "deactivated: leaving the consumer group");
     }
 
     /// Drops the consumer-group gauges of partitions handed off: their new owner (maybe in

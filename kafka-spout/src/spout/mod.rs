@@ -49,6 +49,8 @@ pub const FIELDS: [&str; 6] = ["topic", "partition", "offset", "key", "value", "
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long shutdown may take (final commit, hand-off of every partition, closing the session).
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
+/// How often a spout whose join after activation failed tries again.
+const JOIN_RETRY: Duration = Duration::from_secs(5);
 /// Attempts at reading a newly assigned partition's start position before leaving it idle.
 const START_ATTEMPTS: u32 = 5;
 
@@ -76,7 +78,11 @@ impl SpoutEnv {
 pub struct KafkaSpout {
     config: Arc<KafkaSpoutConfig>,
     env: SpoutEnv,
+    /// Kept from `open` to join the group again on `activate`.
+    context: Option<TopologyContext>,
     running: Option<Running>,
+    /// A join after activation failed: when to try again.
+    retry_join_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for KafkaSpout {
@@ -99,6 +105,10 @@ struct Running {
     cancel: CancellationToken,
     done: std::sync::mpsc::Receiver<()>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Deactivated: the coordinator is leaving (or has left) the group; `activate` joins anew.
+    leaving: bool,
+    /// Activated while still leaving: join once the coordinator is done.
+    rejoin: bool,
     handle: MemberHandle,
     stale_acks: IntCounter,
     retry: RetryPolicy,
@@ -107,7 +117,7 @@ struct Running {
 impl KafkaSpout {
     /// A spout task with this (validated) configuration.
     pub fn new(config: Arc<KafkaSpoutConfig>, env: SpoutEnv) -> Self {
-        KafkaSpout { config, env, running: None }
+        KafkaSpout { config, env, context: None, running: None, retry_join_at: None }
     }
 
     /// The registry member of this task, once open (for tests and operations).
@@ -174,6 +184,7 @@ impl KafkaSpout {
                 .paused
                 .with_label_values(&[component.as_str(), task.to_string().as_str()]),
             drain_timeout,
+            leave_timeout: message_timeout + Duration::from_secs(1),
             lag_windows: Mutex::new(HashMap::new()),
         };
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -207,10 +218,37 @@ impl KafkaSpout {
             cancel,
             done,
             thread: Some(thread),
+            leaving: false,
+            rejoin: false,
             handle,
             retry: config.retry.clone(),
         });
         Ok(())
+    }
+}
+
+impl KafkaSpout {
+    /// Starts a new member once the one that left on deactivate is gone; until then it stays
+    /// pending (checked again on every `next_tuple`).
+    fn rejoin(&mut self) -> std::result::Result<(), ComponentError> {
+        match &mut self.running {
+            Some(r) => {
+                if !r.rejoin || !r.ended() {
+                    return Ok(());
+                }
+                self.running = None;
+            }
+            // No member: the last join failed; try again every JOIN_RETRY.
+            None if self.retry_join_at.is_some_and(|at| Instant::now() < at) => return Ok(()),
+            None => {}
+        }
+        let Some(context) = self.context.clone() else { return Ok(()) };
+        tracing::info!(component = %context.component_id, task = context.task_id.0, "activated: joining the consumer group again");
+        self.retry_join_at = None;
+        self.start(&context).map_err(|e| {
+            self.retry_join_at = Some(Instant::now() + JOIN_RETRY);
+            Box::new(e) as ComponentError
+        })
     }
 }
 
@@ -227,8 +265,24 @@ impl Running {
         }
     }
 
+    /// Whether the coordinator has ended (left the group after a deactivate, or stopped).
+    fn ended(&mut self) -> bool {
+        match self.done.try_recv() {
+            Ok(()) | Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                if let Some(thread) = self.thread.take() {
+                    let _ = thread.join();
+                }
+                true
+            }
+            Err(std::sync::mpsc::TryRecvError::Empty) => self.thread.is_none(),
+        }
+    }
+
     fn close(&mut self) {
         self.cancel.cancel();
+        if self.thread.is_none() {
+            return; // already ended (left the group on deactivate)
+        }
         match self.done.recv_timeout(SHUTDOWN_TIMEOUT + Duration::from_secs(5)) {
             Ok(()) => {
                 if let Some(thread) = self.thread.take() {
@@ -248,13 +302,17 @@ impl Spout for KafkaSpout {
     }
 
     fn open(&mut self, context: &TopologyContext) -> std::result::Result<(), ComponentError> {
+        self.context = Some(context.clone());
         self.start(context).map_err(|e| Box::new(e) as ComponentError)
     }
 
     fn next_tuple(&mut self, out: &mut SpoutCollector<'_>) -> std::result::Result<(), ComponentError> {
+        if self.running.as_ref().is_none_or(|r| r.rejoin) {
+            self.rejoin()?;
+        }
         match &mut self.running {
-            Some(r) => r.hot.next_tuple(out),
-            None => Ok(()),
+            Some(r) if !r.leaving => r.hot.next_tuple(out),
+            _ => Ok(()),
         }
     }
 
@@ -270,9 +328,29 @@ impl Spout for KafkaSpout {
         }
     }
 
+    /// Joins the group again after a deactivate (from the committed offsets, which an
+    /// operator may have reset meanwhile); also called for the first activation, when there
+    /// is nothing to do.
+    fn activate(&mut self) {
+        if let Some(r) = &mut self.running
+            && r.leaving
+        {
+            r.rejoin = true;
+        }
+        if let Err(e) = self.rejoin() {
+            tracing::error!(error = %e, "kafka spout cannot join its consumer group again; retrying");
+        }
+    }
+
+    /// Leaves the consumer group (see [`Request::Leave`]): acks keep arriving meanwhile, so
+    /// the drain happens on the coordinator and this returns at once.
     fn deactivate(&mut self) {
-        if let Some(r) = &self.running {
-            let _ = r.requests.send(Request::Commit);
+        if let Some(r) = &mut self.running {
+            r.rejoin = false;
+            if !r.leaving {
+                r.leaving = true;
+                let _ = r.requests.send(Request::Leave);
+            }
         }
     }
 

@@ -143,6 +143,17 @@ impl Zk {
             .unwrap();
     }
 
+    /// Overwrites (or creates) a committed offset, as `squall offsets reset` does.
+    pub fn reset_committed(&self, group: &str, topic: &str, partition: i32, offset: i64) {
+        let path = format!("/consumers/{group}/offsets/{topic}/{partition}");
+        self.runtime.block_on(self.session.set_or_create(&path, offset.to_string().as_bytes())).unwrap();
+    }
+
+    /// The registered members of `group` (`/consumers/<group>/ids`).
+    pub fn ids(&self, group: &str) -> Vec<String> {
+        self.runtime.block_on(self.session.children(&format!("/consumers/{group}/ids"))).unwrap_or_default()
+    }
+
     /// Owner (consumer thread id) of each owned partition of `topic`.
     pub fn owners(&self, group: &str, topic: &str) -> BTreeMap<i32, String> {
         let dir = format!("/consumers/{group}/owners/{topic}");
