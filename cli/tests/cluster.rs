@@ -623,16 +623,9 @@ async fn prometheus_finds_every_process_and_every_dashboard_query_has_data() {
         let url = target["scrapeUrl"].as_str().unwrap();
         let address = url.trim_start_matches("http://").split('/').next().unwrap();
         let page = squall_metrics_page(address).await;
-        let mut check = Command::new("promtool")
-            .args(["check", "metrics"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        std::io::Write::write_all(check.stdin.as_mut().unwrap(), page.as_bytes()).unwrap();
-        let out = check.wait_with_output().unwrap();
-        assert!(out.status.success(), "promtool check metrics on {url}: {}", text(&out));
+        if let Err(problems) = test_harness::promtool::check_metrics(&page) {
+            panic!("promtool check metrics on {url}: {problems}");
+        }
     }
     feeding.store(false, std::sync::atomic::Ordering::Relaxed);
     feeder.join().unwrap();

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{GaugeVec, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 use super::window::LagReport;
 
@@ -76,6 +76,8 @@ pub struct LagMetrics {
     pub errors: IntCounterVec,
     /// When the last pass finished, in seconds since the epoch.
     pub last_pass: IntGauge,
+    /// Passes finished (a pass whose ZooKeeper reads failed does not count).
+    pub passes: IntCounter,
 }
 
 impl std::fmt::Debug for LagMetrics {
@@ -103,8 +105,13 @@ impl LagMetrics {
                 "squall_lag_last_pass_timestamp_seconds",
                 "When nimbus's lag evaluator last finished a pass",
             ))?,
+            passes: IntCounter::with_opts(Opts::new(
+                "squall_lag_passes_total",
+                "Passes of nimbus's lag evaluator over every consumer group",
+            ))?,
         };
         registry.register(Box::new(metrics.clone()))?;
+        registry.register(Box::new(metrics.passes.clone()))?;
         registry.register(Box::new(metrics.errors.clone()))?;
         registry.register(Box::new(metrics.last_pass.clone()))?;
         Ok(metrics)

@@ -105,6 +105,7 @@ impl LagMonitor {
             let now_ms = i64::try_from(now_millis()).unwrap_or(i64::MAX);
             self.metrics.publish(state.apply(&read, now_ms));
             self.metrics.last_pass.set(now_ms / 1000);
+            self.metrics.passes.inc();
         }
     }
 
