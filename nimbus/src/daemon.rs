@@ -245,6 +245,7 @@ pub async fn serve(
         connect_timeout: Duration::from_millis(config.zookeeper_connection_timeout_ms),
         detached: false,
     };
+    cluster_state::metrics::register_daemon_info(registry, "nimbus")?;
     let coord_metrics = cluster_state::metrics::CoordMetrics::register(registry)?;
     let session =
         Arc::new(ensemble.connect(&options).await.map_err(NimbusError::Connect)?.instrument(coord_metrics));

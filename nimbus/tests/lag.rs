@@ -253,6 +253,8 @@ async fn nimbus_serves_group_lag_on_metrics_that_promtool_accepts() {
         r#"burrow_kafka_consumer_status{cluster="local",consumer_group="g"} 3"#,
         r#"burrow_kafka_consumer_partition_lag{cluster="local",consumer_group="g",partition="0",topic="clicks"} 5"#,
         r#"squall_group_lag_status{group="g"} 4"#,
+        r#"squall_build_info{daemon="nimbus",version="#,
+        "process_resident_memory_bytes ",
     ] {
         assert!(page.contains(expected), "{expected} missing from:\n{page}");
     }
