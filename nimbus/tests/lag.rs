@@ -3,6 +3,8 @@
 //! consumers (and Squall's spout) do, and checks what the evaluator exports, with no topology
 //! running at all.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;

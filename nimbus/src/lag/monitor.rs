@@ -256,7 +256,7 @@ fn watermarks(
         };
         let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else { continue };
         if let Some(e) = found.error() {
-            last_error = format!("{:?}", rdkafka::types::RDKafkaRespErr::from(e));
+            last_error = format!("{e:?}");
             continue;
         }
         let mut partitions = BTreeMap::new();
