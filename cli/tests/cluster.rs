@@ -623,16 +623,9 @@ async fn prometheus_finds_every_process_and_every_dashboard_query_has_data() {
         let url = target["scrapeUrl"].as_str().unwrap();
         let address = url.trim_start_matches("http://").split('/').next().unwrap();
         let page = squall_metrics_page(address).await;
-        let mut check = Command::new("promtool")
-            .args(["check", "metrics"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        std::io::Write::write_all(check.stdin.as_mut().unwrap(), page.as_bytes()).unwrap();
-        let out = check.wait_with_output().unwrap();
-        assert!(out.status.success(), "promtool check metrics on {url}: {}", text(&out));
+        if let Err(problems) = test_harness::promtool::check_metrics(&page) {
+            panic!("promtool check metrics on {url}: {problems}");
+        }
     }
     feeding.store(false, std::sync::atomic::Ordering::Relaxed);
     feeder.join().unwrap();
@@ -806,8 +799,14 @@ async fn deactivate_reset_activate_and_squall_replay_deliver_every_message_again
     )
     .unwrap();
     let (produced, producing_stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
-    let producing =
-        traffic::produce_paced(broker.bootstrap(), "replay-in", 4, 2000, produced.clone(), producing_stop.clone());
+    let producing = traffic::produce_paced(
+        broker.bootstrap(),
+        "replay-in",
+        4,
+        2000,
+        produced.clone(),
+        producing_stop.clone(),
+    );
     eventually(Duration::from_secs(60), "the input to be produced", || async {
         (produced.load(Ordering::SeqCst) >= MESSAGES).then_some(())
     })
@@ -834,11 +833,8 @@ async fn deactivate_reset_activate_and_squall_replay_deliver_every_message_again
         }
     };
     eventually(Duration::from_secs(120), "every message delivered once", delivered(1)).await;
-    let ids = |session: &Session| {
-        let session = session.clone();
-        async move { session.children("/consumers/replay/ids").await.unwrap_or_default() }
-    };
-    assert_eq!(ids(&session).await.len(), 2, "both spout tasks are members");
+    let ids = || async { session.children("/consumers/replay/ids").await.unwrap_or_default() };
+    assert_eq!(ids().await.len(), 2, "both spout tasks are members");
     let reset = ["offsets", "reset", "--group", "replay", "--topic", "replay-in", "--to-earliest"];
     let connection = ["--zookeeper", cluster.zookeeper.as_str(), "--brokers", &broker.bootstrap()];
     let live = cluster.squall(&[&reset[..], &connection[..], &["--execute"]].concat());
@@ -849,7 +845,7 @@ async fn deactivate_reset_activate_and_squall_replay_deliver_every_message_again
     assert!(out.status.success(), "deactivate: {}", text(&out));
     let deactivated = std::time::Instant::now();
     eventually(Duration::from_secs(30), "the group to have no members after deactivate", || async {
-        ids(&session).await.is_empty().then_some(())
+        ids().await.is_empty().then_some(())
     })
     .await;
     let left_in = deactivated.elapsed();
@@ -865,7 +861,7 @@ async fn deactivate_reset_activate_and_squall_replay_deliver_every_message_again
     assert!(text(&out).contains("no members"), "{}", text(&out));
     eventually(Duration::from_secs(120), "every message delivered a third time", delivered(3)).await;
     eventually(Duration::from_secs(30), "both tasks to be members again", || async {
-        (ids(&session).await.len() == 2).then_some(())
+        (ids().await.len() == 2).then_some(())
     })
     .await;
     stop.store(true, Ordering::Relaxed);

@@ -30,6 +30,20 @@ pub fn encode(registry: &Registry) -> Vec<u8> {
     out
 }
 
+/// Registers what every Squall daemon exports about itself: the process collector
+/// (`process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_open_fds`, ...) and
+/// `squall_build_info{version, daemon}` = 1. `daemon` is `nimbus`, `supervisor` or `worker` (not
+/// `squall_role`, which discovery sets as a target label and Prometheus would rename).
+pub fn register_daemon_info(registry: &Registry, daemon: &str) -> prometheus::Result<()> {
+    let info = IntGaugeVec::new(
+        Opts::new("squall_build_info", "Squall's version, 1 for every running daemon"),
+        &["version", "daemon"],
+    )?;
+    info.with_label_values(&[env!("CARGO_PKG_VERSION"), daemon]).set(1);
+    registry.register(Box::new(info))?;
+    registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
+}
+
 /// The content type of [`encode`]'s output.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 

@@ -1,7 +1,7 @@
 //! Nimbus as a whole: its configuration and the `run` entry the `squall nimbus` command calls.
 //!
 //! [`serve`] connects one coordination session, opens the code store, and runs the deadline
-//! timers and the HTTP API until `shutdown` or until the session ends. Nimbus keeps nothing
+//! timers, the monitor, the consumer-group lag evaluator ([`crate::lag`]) and the HTTP API until `shutdown` or until the session ends. Nimbus keeps nothing
 //! that is not in ZooKeeper or its code dir, so on an expired session it stops and returns
 //! [`NimbusError::SessionEnded`]: the caller exits non-zero and its process manager starts a
 //! fresh nimbus, which re-arms every pending transition from ZooKeeper.
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cluster_state::coord::{self, Ensemble, SessionOptions, SessionState};
-use cluster_state::paths::StormPaths;
+use cluster_state::paths::{KafkaPaths, StormPaths};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::assigner::{Assigner, MonitorTimeouts};
 use crate::code_store::{CodeStore, CodeStoreError, CodeStoreLimits};
 use crate::http::{self, ApiConfig, ApiState};
+use crate::lag::{LagMetrics, LagMonitor, LagSettings, Rules};
 use crate::limits::TopologyLimits;
 use crate::liveness::Timeouts;
 use crate::metrics::NimbusMetrics;
@@ -26,7 +27,7 @@ use crate::transitions::{DeadlineTimers, Transitions};
 use cluster_state::clock::now_secs;
 
 /// Nimbus's settings, with Storm's key names where Storm has the setting.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NimbusConfig {
     /// Local state; nimbus keeps its code under `<dir>/nimbus` (Storm's layout).
@@ -74,6 +75,28 @@ pub struct NimbusConfig {
     /// Squall's: the most executors one topology may have, ackers included.
     #[serde(rename = "nimbus.topology.max.executors")]
     pub max_topology_executors: u32,
+    /// Squall's: seconds between two passes of the consumer-group lag evaluator.
+    #[serde(rename = "squall.lag.interval.secs")]
+    pub lag_interval_secs: u64,
+    /// Burrow's `intervals`: commits and log-end offsets kept per partition.
+    #[serde(rename = "squall.lag.intervals")]
+    pub lag_intervals: u64,
+    /// Burrow's `allowed-lag`: a lag at or below this counts as caught up.
+    #[serde(rename = "squall.lag.allowed.lag")]
+    pub lag_allowed_lag: u64,
+    /// Burrow's `minimum-complete` (0.0 to 1.0).
+    #[serde(rename = "squall.lag.minimum.complete")]
+    pub lag_minimum_complete: f32,
+    /// Brokers the lag evaluator asks for log-end offsets, besides those of the Kafka spouts of
+    /// stored topologies.
+    #[serde(rename = "squall.lag.kafka.bootstrap.servers")]
+    pub lag_bootstrap_servers: Option<String>,
+    /// The chroot of the Kafka consumer registry the groups live in (none: the root).
+    #[serde(rename = "squall.lag.zookeeper.chroot")]
+    pub lag_zookeeper_chroot: Option<String>,
+    /// Burrow's cluster name: the `cluster` label of the `burrow_kafka_*` series.
+    #[serde(rename = "squall.lag.cluster")]
+    pub lag_cluster: String,
 }
 
 impl Default for NimbusConfig {
@@ -106,6 +129,16 @@ impl Default for NimbusConfig {
             max_task_parallelism: TopologyLimits::default().max_task_parallelism,
             max_topology_tasks: TopologyLimits::default().max_tasks,
             max_topology_executors: TopologyLimits::default().max_executors,
+            // Burrow's `offset-refresh` (10 s), `intervals` (10), `allowed-lag` (0) and
+            // `minimum-complete` (unset: 0).
+            lag_interval_secs: 10,
+            lag_intervals: 10,
+            lag_allowed_lag: 0,
+            lag_minimum_complete: 0.0,
+            lag_bootstrap_servers: None,
+            lag_zookeeper_chroot: None,
+            // Burrow's example config names its cluster `local`.
+            lag_cluster: "local".to_owned(),
         }
     }
 }
@@ -126,6 +159,8 @@ impl NimbusConfig {
             ("topology.max.task.parallelism", self.max_task_parallelism.map_or(1, u64::from)),
             ("nimbus.topology.max.tasks", u64::from(self.max_topology_tasks)),
             ("nimbus.topology.max.executors", u64::from(self.max_topology_executors)),
+            ("squall.lag.interval.secs", self.lag_interval_secs),
+            ("squall.lag.intervals", self.lag_intervals),
         ];
         if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(NimbusError::Config { key, message: "must be at least 1".into() });
@@ -139,6 +174,19 @@ impl NimbusConfig {
                 message: "must not be empty (leave it out to run without a token)".into(),
             });
         }
+        if !(0.0..=1.0).contains(&self.lag_minimum_complete) {
+            return Err(NimbusError::Config {
+                key: "squall.lag.minimum.complete",
+                message: "must be between 0.0 and 1.0".into(),
+            });
+        }
+        if self.lag_cluster.is_empty() {
+            return Err(NimbusError::Config {
+                key: "squall.lag.cluster",
+                message: "must not be empty".into(),
+            });
+        }
+        self.lag_paths()?;
         Ok(paths)
     }
 
@@ -148,6 +196,24 @@ impl NimbusConfig {
             max_task_parallelism: self.max_task_parallelism,
             max_tasks: self.max_topology_tasks,
             max_executors: self.max_topology_executors,
+        }
+    }
+
+    /// The consumer registry the lag evaluator reads (`squall.lag.zookeeper.chroot`).
+    pub fn lag_paths(&self) -> Result<KafkaPaths, NimbusError> {
+        KafkaPaths::new(self.lag_zookeeper_chroot.as_deref())
+            .map_err(|e| NimbusError::Config { key: "squall.lag.zookeeper.chroot", message: e.to_string() })
+    }
+
+    /// The lag evaluator's settings.
+    pub fn lag_settings(&self) -> LagSettings {
+        let interval = Duration::from_secs(self.lag_interval_secs);
+        LagSettings {
+            interval,
+            intervals: usize::try_from(self.lag_intervals).unwrap_or(usize::MAX),
+            rules: Rules { allowed_lag: self.lag_allowed_lag, minimum_complete: self.lag_minimum_complete },
+            bootstrap_servers: self.lag_bootstrap_servers.clone().filter(|s| !s.trim().is_empty()),
+            kafka_timeout: interval.min(Duration::from_secs(5)),
         }
     }
 
@@ -206,6 +272,7 @@ pub async fn serve(
         connect_timeout: Duration::from_millis(config.zookeeper_connection_timeout_ms),
         detached: false,
     };
+    cluster_state::metrics::register_daemon_info(registry, "nimbus")?;
     let coord_metrics = cluster_state::metrics::CoordMetrics::register(registry)?;
     let session =
         Arc::new(ensemble.connect(&options).await.map_err(NimbusError::Connect)?.instrument(coord_metrics));
@@ -215,6 +282,13 @@ pub async fn serve(
         ..Default::default()
     };
     let code = CodeStore::open(config.nimbus_dir(), limits).await?;
+    let lag = LagMonitor::new(
+        session.clone(),
+        config.lag_paths()?,
+        config.lag_settings(),
+        Some(code.clone()),
+        LagMetrics::register(registry, &config.lag_cluster)?,
+    );
     let timeouts = MonitorTimeouts {
         tasks: Timeouts {
             task_timeout_secs: config.task_timeout_secs,
@@ -248,6 +322,7 @@ pub async fn serve(
     tasks.spawn(http::run(listener, api, children.clone()));
     tasks.spawn(expire_uploads(code, monitor_freq, children.clone()));
     tasks.spawn(monitor(assigner, transitions, monitor_freq, children.clone()));
+    tasks.spawn(lag.run(children.clone()));
 
     let mut states = session.state_changes();
     let ended = tokio::select! {
@@ -336,6 +411,12 @@ mod tests {
             (NimbusConfig { monitor_freq_secs: 0, ..Default::default() }, "nimbus.monitor.freq.secs"),
             (NimbusConfig { http_token: Some(String::new()), ..Default::default() }, "nimbus.http.token"),
             (NimbusConfig { local_dir: PathBuf::new(), ..Default::default() }, "storm.local.dir"),
+            (NimbusConfig { lag_intervals: 0, ..Default::default() }, "squall.lag.intervals"),
+            (NimbusConfig { lag_minimum_complete: 1.5, ..Default::default() }, "squall.lag.minimum.complete"),
+            (
+                NimbusConfig { lag_zookeeper_chroot: Some("kafka".into()), ..Default::default() },
+                "squall.lag.zookeeper.chroot",
+            ),
         ] {
             let err = config.validate().unwrap_err();
             assert!(err.to_string().starts_with(&format!("config key {key}:")), "{err}");

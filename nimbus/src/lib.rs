@@ -17,6 +17,8 @@
 //! - [`daemon`]: [`NimbusConfig`] (Storm's key names) and the [`run`] / [`serve`] entries that
 //!   wire a session, the code store, the deadline timers and the API together.
 //! - [`http`]: the HTTP/JSON API (Storm UI REST shapes), served by `http::run`.
+//! - [`lag`]: consumer-group lag of every group under `/consumers`, judged with Burrow's rules
+//!   on an interval and exported under kafka_exporter's, Burrow's and Squall's names.
 //! - [`lifecycle`]: the topology state machine (active, inactive, rebalancing, killed) as a pure
 //!   function over the stored base record, delayed transitions included.
 //! - [`limits`]: how large a topology may be (tasks, executors, assignment bytes), checked at
@@ -38,6 +40,7 @@ pub mod assignments;
 pub mod code_store;
 pub mod daemon;
 pub mod http;
+pub mod lag;
 pub mod lifecycle;
 pub mod limits;
 pub mod liveness;

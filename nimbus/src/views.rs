@@ -120,7 +120,9 @@ impl ClusterSnapshot {
 }
 
 /// Prometheus HTTP service discovery (`http_sd_configs`): one target group per process, with
-/// bounded labels (`squall_role`, `supervisor`, `topology`, `port`).
+/// bounded labels (`squall_role`, `supervisor`, `squall_topology`, `port`). The topology label is
+/// `squall_topology`, not `topology`: a worker's executor series carry their own `topology`, which a
+/// target label of the same name would make Prometheus rename to `exported_topology`.
 pub fn discovery_targets(
     nimbus: &str,
     snapshot: &ClusterSnapshot,
@@ -148,7 +150,7 @@ pub fn discovery_targets(
         let port = w.slot.port.to_string();
         let labels = [
             ("squall_role", "worker"),
-            ("topology", w.topology.as_str()),
+            ("squall_topology", w.topology.as_str()),
             ("supervisor", w.slot.node.as_str()),
             ("port", port.as_str()),
         ];
@@ -258,6 +260,25 @@ mod tests {
             json!([{"id": "wc-1-1700000000", "name": "wc", "status": "ACTIVE", "uptime": "1h 2m 3s",
                     "uptimeSeconds": 3_723, "tasksTotal": 6, "workersTotal": 2, "executorsTotal": 3,
                     "owner": "alice"}])
+        );
+    }
+
+    /// A worker's target is labelled `squall_topology`: a `topology` target label would clash
+    /// with the executor series' own and reach Prometheus as `exported_topology`.
+    #[test]
+    fn worker_targets_do_not_clash_with_series_labels() {
+        let snapshot = snapshot();
+        let worker = crate::state::WorkerEndpoint {
+            topology: "wc-1-1700000000".parse().unwrap(),
+            slot: WorkerSlot { node: sup("a"), port: 6700 },
+            endpoint: "h:9000".into(),
+        };
+        let groups = discovery_targets("n:8080", &snapshot, &[worker]);
+        let labels = serde_json::to_value(&groups[groups.len() - 1].labels).unwrap();
+        assert_eq!(
+            labels,
+            json!({"squall_role": "worker", "squall_topology": "wc-1-1700000000", "supervisor": "a",
+                   "port": "6700"})
         );
     }
 }

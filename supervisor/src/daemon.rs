@@ -215,6 +215,7 @@ pub async fn run(
     let metrics_error =
         |e: prometheus::Error| SupervisorError::Config { key: "metrics", reason: e.to_string() };
     let metrics = SupervisorMetrics::register(registry).map_err(metrics_error)?;
+    cluster_state::metrics::register_daemon_info(registry, "supervisor").map_err(metrics_error)?;
     let coord_metrics = CoordMetrics::register(registry).map_err(metrics_error)?;
     std::fs::create_dir_all(config.local_dir.join("logs")).map_err(|e| SupervisorError::Config {
         key: "storm.local.dir",

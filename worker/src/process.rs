@@ -358,6 +358,7 @@ pub async fn run(
     metrics: &MetricsRegistry,
     shutdown: CancellationToken,
 ) -> Result<()> {
+    cluster_state::metrics::register_daemon_info(metrics, "worker")?;
     let coord_metrics = cluster_state::metrics::CoordMetrics::register(metrics)?;
     let session = ensemble.connect(&args.session).await?.instrument(coord_metrics);
     let result = run_session(&args, &config, topology, &session, &paths, metrics, &shutdown).await;

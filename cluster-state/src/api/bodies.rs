@@ -132,7 +132,7 @@ pub struct TopologyError {
 }
 
 /// One group of `GET /api/v1/prometheus/targets` (Prometheus `http_sd`): one process, with
-/// bounded labels (`squall_role`, `supervisor`, `topology`, `port`).
+/// bounded labels (`squall_role`, `supervisor`, `squall_topology`, `port`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TargetGroup {
     pub targets: Vec<String>,
