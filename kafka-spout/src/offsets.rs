@@ -133,6 +133,16 @@ impl<M> PartitionOffsets<M> {
         self.occupied - self.replays.len()
     }
 
+    /// Up to `limit` offsets in flight (emitted, not settled, not awaiting a replay), lowest
+    /// first, with their failures so far: what a drain that timed out still waited for.
+    pub fn in_flight_offsets(&self, limit: usize) -> Vec<(i64, u32)> {
+        self.outstanding
+            .iter()
+            .filter_map(|(o, e)| e.as_ref().filter(|e| e.replay_at.is_none()).map(|e| (*o, e.fails)))
+            .take(limit)
+            .collect()
+    }
+
     /// The position of `offset` in `outstanding`.
     fn position(&self, offset: i64) -> Option<usize> {
         let &(first, _) = self.outstanding.front()?;

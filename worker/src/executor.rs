@@ -578,6 +578,7 @@ fn run_acker(shared: Shared, mut em: Emitter, inbox: Receiver<Batch>, stats: Arc
         let (mut acked, mut failed) = (0u64, 0u64);
         match inbox.recv_timeout(timeout) {
             Ok(mut b) => loop {
+                em.refresh_routes();
                 for env in b.drain(..) {
                     if let Envelope::Ack { msg, .. } = env
                         && let Some(outcome) = ledger.apply(msg)

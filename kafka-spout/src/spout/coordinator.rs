@@ -310,7 +310,8 @@ impl Coordinator {
                     () = notified => {}
                     () = cancel.cancelled() => break,
                     () = tokio::time::sleep_until(deadline) => {
-                        tracing::warn!(component = %self.component, in_flight, "revoked partitions did not drain in time; committing what is acknowledged");
+                        let sample = lock(&self.state).in_flight_sample(partitions);
+                        tracing::warn!(component = %self.component, in_flight, %sample, "revoked partitions did not drain in time; committing what is acknowledged");
                         break;
                     }
                 }
@@ -359,7 +360,8 @@ impl Coordinator {
                 () = tokio::time::sleep(Duration::from_millis(100)) => {}
                 () = cancel.cancelled() => break,
                 () = tokio::time::sleep_until(deadline) => {
-                    tracing::warn!(component = %self.component, in_flight, "tuples in flight at deactivation did not complete in time; committing what is acknowledged");
+                    let sample = lock(&self.state).in_flight_sample(&owned);
+                    tracing::warn!(component = %self.component, in_flight, %sample, "tuples in flight at deactivation did not complete in time; committing what is acknowledged");
                     break;
                 }
             }

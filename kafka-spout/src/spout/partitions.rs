@@ -215,6 +215,17 @@ impl TaskState {
         (settled, drained)
     }
 
+    /// For a log line: each partition's first offsets still in flight (with their failures).
+    pub(super) fn in_flight_sample(&self, partitions: &BTreeSet<TopicPartition>) -> String {
+        partitions
+            .iter()
+            .filter_map(|tp| self.get(tp))
+            .filter(|p| p.offsets.in_flight() > 0)
+            .map(|p| format!("{}: {:?} (next {})", p.tp, p.offsets.in_flight_offsets(5), p.offsets.next()))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
     pub(super) fn in_flight(&self, partitions: &BTreeSet<TopicPartition>) -> usize {
         partitions.iter().filter_map(|tp| self.get(tp)).map(|p| p.offsets.in_flight()).sum()
     }
