@@ -240,9 +240,9 @@ fn run_spout(
     let mut was_active = false;
     let mut acked = 0u64;
     let mut failed = 0u64;
-    // After tasks moved: trees emitted up to the first instant that are still pending at the
-    // second went through a worker that is gone.
-    let mut suspect: Option<(Instant, Instant)> = None;
+    // After tasks moved: until when trees may have gone to a place that is gone, and when to
+    // look next (see `MovedSweep`).
+    let mut sweep: Option<MovedSweep> = None;
     // Tasks moved (news from the worker's control loop), not yet acted on.
     let mut moved = false;
 
@@ -258,17 +258,25 @@ fn run_spout(
             // everything emitted after `moved_at` goes to the tasks' new places.
             em.refresh_routes();
             let now = Instant::now();
-            suspect = Some((now, now + MOVED_TASKS_GRACE));
+            sweep = Some(MovedSweep { until: now + MOVED_TASKS_WINDOW, next: now + MOVED_TASKS_GRACE });
         }
-        if let Some((moved_at, deadline)) = suspect
-            && Instant::now() >= deadline
+        if let Some(s) = sweep.as_mut()
+            && let now = Instant::now()
+            && now >= s.next
         {
-            suspect = None;
-            let lost = pending.map.remove_where(|_, p| p.emitted_at <= moved_at);
+            // Trees older than the grace are lost, if they were emitted before the other
+            // workers can have applied the same assignment (`until`).
+            let cutoff = now.checked_sub(MOVED_TASKS_GRACE).map_or(s.until, |c| c.min(s.until));
+            let lost = pending.map.remove_where(|_, p| p.emitted_at <= cutoff);
             if !lost.is_empty() {
                 tracing::info!(component = %em.component, trees = lost.len(), "failing tuples whose trees went through a worker that is gone; they replay now");
             }
             fail_all(&mut spouts, &mut pending.per_task, lost, &mut failed);
+            if cutoff >= s.until {
+                sweep = None;
+            } else {
+                s.next = now + MOVED_TASKS_SWEEP;
+            }
         }
         if config.enable_message_timeouts && Instant::now() >= next_rotate {
             next_rotate = Instant::now() + rotate_every;
@@ -369,6 +377,22 @@ fn fail_all(
         *failed += 1;
         spouts[p.task_index].fail(p.msg_id);
     }
+}
+
+/// After tasks moved, the spout looks for lost trees until this long after the move: every
+/// worker applies the new assignment when its own ZooKeeper watch fires, so for a moment a bolt
+/// elsewhere may still ack to (or emit toward) a task's old place, even for a tree this worker
+/// emitted after it took the new routes.
+const MOVED_TASKS_WINDOW: Duration = Duration::from_secs(5);
+/// How often the pending trees are scanned during that window.
+const MOVED_TASKS_SWEEP: Duration = Duration::from_millis(200);
+
+/// The lost-tree sweep after tasks moved: trees emitted before `until` that are still pending
+/// [`MOVED_TASKS_GRACE`] after their emission are failed; next scan at `next`.
+#[derive(Debug, Clone, Copy)]
+struct MovedSweep {
+    until: Instant,
+    next: Instant,
 }
 
 /// How long trees in flight when tasks moved get to complete before they count as lost: acks
