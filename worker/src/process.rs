@@ -32,7 +32,10 @@ use crate::error::{Error, Result};
 use crate::layout::{PlanError, TaskLayout, WorkerPlan, plan_worker};
 use crate::runtime::{RuntimeParts, WorkerRuntime};
 use crate::topology::Topology;
-use crate::transport::{PeerReceiver, PeerSender, TransportStats};
+use crate::transport::{
+    DEFAULT_MAX_CONNECTIONS, PeerAddr, PeerReceiver, PeerSender, ReceiverSetup, TopologySecret,
+    TransportStats,
+};
 
 /// Process-level worker settings with Storm's defaults (defaults.yaml). No config file or flag
 /// sets them: the worker binary takes the defaults (`bind_host` aside, which its launch gives),
@@ -54,6 +57,10 @@ pub struct WorkerConfig {
     pub bind_host: String,
     /// Errors kept per component under `/storm/errors` (Storm keeps 10).
     pub errors_kept: usize,
+    /// Peer connections the worker's port keeps open at once; more are closed as they arrive
+    /// (counted in `squall_worker_transport_connections_refused_total`). A worker has one
+    /// connection from each peer worker of its topology, so the default, 256, is generous.
+    pub max_peer_connections: usize,
 }
 
 impl Default for WorkerConfig {
@@ -65,6 +72,7 @@ impl Default for WorkerConfig {
             shutdown_drain_ms: 3000,
             bind_host: "0.0.0.0".into(),
             errors_kept: 10,
+            max_peer_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -83,6 +91,9 @@ pub struct WorkerArgs {
     /// How to open the ZooKeeper session: the cluster's `storm.zookeeper.session.timeout` and
     /// `storm.zookeeper.connection.timeout`, as the launch gives them.
     pub session: SessionOptions,
+    /// The topology's secret, which its workers authenticate each other with (read from the
+    /// code dir by `cli::prepare`).
+    pub secret: TopologySecret,
 }
 
 /// Writes the local heartbeat (cluster-state's [`LocalWorkerHeartbeat`] format) atomically:
@@ -145,7 +156,12 @@ struct Metrics {
     failed: IntCounter,
     frames_sent: IntCounter,
     batches_dropped: IntCounter,
-    last: [u64; 5],
+    envelopes_unsendable: IntCounter,
+    handshakes_failed: IntCounter,
+    connections_refused: IntCounter,
+    accept_errors: IntCounter,
+    connections: prometheus::IntGauge,
+    last: [u64; 9],
 }
 
 impl Metrics {
@@ -164,7 +180,31 @@ impl Metrics {
                 "squall_worker_batches_dropped_total",
                 "Batches dropped for unreachable peers",
             )?,
-            last: [0; 5],
+            envelopes_unsendable: c(
+                "squall_worker_envelopes_unsendable_total",
+                "Tuples and acks dropped because they cannot be sent to a peer (larger than a frame may be)",
+            )?,
+            handshakes_failed: c(
+                "squall_worker_transport_handshakes_failed_total",
+                "Inbound peer connections closed for failing the handshake (wrong topology or secret, or too slow)",
+            )?,
+            connections_refused: c(
+                "squall_worker_transport_connections_refused_total",
+                "Inbound peer connections closed at once because the connection limit was reached",
+            )?,
+            accept_errors: c(
+                "squall_worker_transport_accept_errors_total",
+                "Failed accepts on the worker's port (out of file descriptors, say)",
+            )?,
+            connections: {
+                let g = prometheus::IntGauge::new(
+                    "squall_worker_transport_connections",
+                    "Inbound peer connections open (authenticated or in their handshake)",
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
+            last: [0; 9],
         })
     }
 
@@ -177,12 +217,28 @@ impl Metrics {
             sum(|s| s.failed.load(Ordering::Relaxed)),
             transport.frames_sent.load(Ordering::Relaxed),
             transport.batches_dropped.load(Ordering::Relaxed),
+            transport.envelopes_unsendable.load(Ordering::Relaxed),
+            transport.handshakes_failed.load(Ordering::Relaxed),
+            transport.connections_refused.load(Ordering::Relaxed),
+            transport.accept_errors.load(Ordering::Relaxed),
         ];
-        let counters = [&self.emitted, &self.acked, &self.failed, &self.frames_sent, &self.batches_dropped];
+        let counters = [
+            &self.emitted,
+            &self.acked,
+            &self.failed,
+            &self.frames_sent,
+            &self.batches_dropped,
+            &self.envelopes_unsendable,
+            &self.handshakes_failed,
+            &self.connections_refused,
+            &self.accept_errors,
+        ];
         for (i, c) in counters.iter().enumerate() {
             c.inc_by(now[i].saturating_sub(self.last[i]));
         }
         self.last = now;
+        self.connections
+            .set(i64::try_from(transport.connections.load(Ordering::Relaxed)).unwrap_or(i64::MAX));
     }
 }
 
@@ -197,34 +253,48 @@ async fn fired(w: &mut Option<Watch>) -> WatchEvent {
 /// Where remote tasks go: task -> index into the peer queues, and the queues.
 type RemoteRoutes = (BTreeMap<TaskId, usize>, Vec<crossbeam_channel::Sender<Batch>>);
 
+/// How long a stopped peer's sender may flush before its connection is closed: it is not
+/// waited for (the worker's control loop is async), only checked at the next reconcile.
+const SENDER_STOP_GRACE: Duration = Duration::from_secs(5);
+
 /// The peer connections and the routes they imply.
 #[derive(Debug)]
 struct Peers {
     senders: BTreeMap<(WorkerSlot, String), PeerSender>,
+    /// Senders of peers no longer wanted, flushing, with when they were told to stop.
+    stopping: Vec<(PeerSender, Instant)>,
+    topology_id: String,
+    secret: TopologySecret,
 }
 
 impl Peers {
-    /// Starts senders for new peers, stops those no longer needed, returns the routes.
-    fn reconcile(
-        &mut self,
-        plan: &WorkerPlan,
-        topology_id: &TopologyId,
-        stats: &Arc<TransportStats>,
-    ) -> Result<RemoteRoutes> {
+    fn new(topology_id: &TopologyId, secret: TopologySecret) -> Self {
+        Peers { senders: BTreeMap::new(), stopping: Vec::new(), topology_id: topology_id.to_string(), secret }
+    }
+
+    /// Starts senders for new peers, stops those no longer needed, returns the routes. Never
+    /// waits on a sender thread: this runs on the worker's async control loop.
+    fn reconcile(&mut self, plan: &WorkerPlan, stats: &Arc<TransportStats>) -> Result<RemoteRoutes> {
         let wanted: BTreeMap<(WorkerSlot, String), ()> =
             plan.peers.iter().map(|(s, h)| ((s.clone(), h.clone()), ())).collect();
         let stale: Vec<(WorkerSlot, String)> =
             self.senders.keys().filter(|k| !wanted.contains_key(*k)).cloned().collect();
         for k in stale {
             if let Some(s) = self.senders.remove(&k) {
-                s.stop();
+                s.signal_stop();
+                self.stopping.push((s, Instant::now()));
             }
         }
+        self.reap();
         for key in wanted.keys() {
             if !self.senders.contains_key(key) {
-                let sender =
-                    PeerSender::start(key.1.clone(), key.0.port, topology_id.to_string(), stats.clone())?;
-                self.senders.insert(key.clone(), sender);
+                let to = PeerAddr {
+                    host: key.1.clone(),
+                    port: key.0.port,
+                    topology_id: self.topology_id.clone(),
+                    secret: self.secret.clone(),
+                };
+                self.senders.insert(key.clone(), PeerSender::start(to, stats.clone())?);
             }
         }
         let index: BTreeMap<WorkerSlot, usize> =
@@ -234,10 +304,52 @@ impl Peers {
         Ok((remote, dests))
     }
 
-    fn stop(self) {
-        for (_, s) in self.senders {
-            s.stop();
+    /// Forgets stopped senders whose thread ended, and closes the connection of those past
+    /// their grace (a peer that reads nothing keeps a write blocked until then).
+    fn reap(&mut self) {
+        self.stopping.retain(|(s, since)| {
+            if s.is_finished() {
+                return false;
+            }
+            if since.elapsed() >= SENDER_STOP_GRACE {
+                s.force_close();
+            }
+            true
+        });
+    }
+
+    /// Stops every sender, letting each flush for at most `bound` (blocking: for shutdown).
+    fn stop(self, bound: Duration) {
+        for s in self.senders.values() {
+            s.signal_stop();
         }
+        let deadline = Instant::now() + bound;
+        for (_, s) in self.senders {
+            if !s.stop_within(deadline.saturating_duration_since(Instant::now())) {
+                tracing::warn!("a peer did not take our last frames within {bound:?}; connection closed");
+            }
+        }
+        for (s, _) in self.stopping {
+            s.force_close();
+        }
+    }
+}
+
+/// How a worker's port is set up.
+#[derive(Debug, Clone)]
+pub struct TransportOptions {
+    /// Address the port is bound on.
+    pub bind_host: String,
+    /// The topology's secret: peers prove they hold it (see `transport`).
+    pub secret: TopologySecret,
+    /// Inbound connections open at once ([`WorkerConfig::max_peer_connections`]).
+    pub max_connections: usize,
+}
+
+impl TransportOptions {
+    /// Binds `bind_host` with the default connection limit.
+    pub fn new(bind_host: impl Into<String>, secret: TopologySecret) -> Self {
+        TransportOptions { bind_host: bind_host.into(), secret, max_connections: DEFAULT_MAX_CONNECTIONS }
     }
 }
 
@@ -256,18 +368,18 @@ pub struct StaticWorker {
 
 impl StaticWorker {
     /// Starts the executors of `plan` (inactive), connects to its peers and listens on the
-    /// slot's port (`bind_host`). `port` comes from the plan's slot.
+    /// slot's port (`options.bind_host`). `port` comes from the plan's slot.
     pub fn start(
         topology: Arc<Topology>,
         layout: Arc<TaskLayout>,
         plan: WorkerPlan,
         topology_id: &TopologyId,
-        bind_host: &str,
+        options: TransportOptions,
         errors: Option<tokio::sync::mpsc::Sender<ErrorReport>>,
     ) -> Result<Self> {
         let transport = Arc::new(TransportStats::default());
-        let mut peers = Peers { senders: BTreeMap::new() };
-        let (remote_tasks, remote_dests) = peers.reconcile(&plan, topology_id, &transport)?;
+        let mut peers = Peers::new(topology_id, options.secret.clone());
+        let (remote_tasks, remote_dests) = peers.reconcile(&plan, &transport)?;
         let local = Arc::new(plan.local_tasks.clone());
         let runtime = WorkerRuntime::start(RuntimeParts {
             topology,
@@ -278,14 +390,15 @@ impl StaticWorker {
             errors,
             start_active: false,
         })?;
-        let receiver = PeerReceiver::start(
-            bind_host,
-            plan.slot.port,
-            topology_id.to_string(),
-            runtime.table.clone(),
-            Arc::new(runtime.inboxes.clone()),
-            transport.clone(),
-        )?;
+        let setup = ReceiverSetup {
+            topology_id: topology_id.to_string(),
+            secret: options.secret,
+            table: runtime.table.clone(),
+            dispatch: Arc::new(runtime.inboxes.clone()),
+            stats: transport.clone(),
+            max_connections: options.max_connections,
+        };
+        let receiver = PeerReceiver::start(&options.bind_host, plan.slot.port, setup)?;
         Ok(StaticWorker { runtime, transport, plan, peers, receiver })
     }
 
@@ -303,8 +416,8 @@ impl StaticWorker {
 
     /// Applies a new plan with the same local executors: peers are reconnected and routes
     /// replaced.
-    pub fn update(&mut self, plan: WorkerPlan, topology_id: &TopologyId) -> Result<()> {
-        let (remote, dests) = self.peers.reconcile(&plan, topology_id, &self.transport)?;
+    pub fn update(&mut self, plan: WorkerPlan) -> Result<()> {
+        let (remote, dests) = self.peers.reconcile(&plan, &self.transport)?;
         self.runtime.set_remote(&remote, &dests);
         if tasks_moved(&self.plan, &plan) {
             self.runtime.tasks_moved();
@@ -313,10 +426,16 @@ impl StaticWorker {
         Ok(())
     }
 
-    /// Graceful stop: drain up to `drain`, stop executors, flush peers, stop listening.
+    /// Forgets stopped peer senders that ended, and closes those past their grace.
+    fn reap_peers(&mut self) {
+        self.peers.reap();
+    }
+
+    /// Graceful stop: drain up to `drain`, stop executors, flush peers (for at most `drain`
+    /// too), stop listening.
     pub fn shutdown(self, drain: Duration) {
         self.runtime.shutdown(drain);
-        self.peers.stop();
+        self.peers.stop(drain);
         self.receiver.stop();
     }
 }
@@ -464,8 +583,12 @@ async fn run_session(
     };
     let (layout, plan) = plan_of(&assignment)?;
     let (err_tx, mut err_rx) = tokio::sync::mpsc::channel::<ErrorReport>(256);
-    let mut worker =
-        StaticWorker::start(topology.clone(), layout.clone(), plan, id, &config.bind_host, Some(err_tx))?;
+    let options = TransportOptions {
+        bind_host: config.bind_host.clone(),
+        secret: args.secret.clone(),
+        max_connections: config.max_peer_connections,
+    };
+    let mut worker = StaticWorker::start(topology.clone(), layout.clone(), plan, id, options, Some(err_tx))?;
     let plan = worker.plan.clone();
     tracing::info!(topology = %id, port = args.port, addr = %worker.local_addr(), executors = plan.local_executors.len(), "worker started");
     let mut metrics = Metrics::register(metrics_registry)?;
@@ -547,7 +670,7 @@ async fn run_session(
                     Err(e) => tracing::warn!(error = %e, "cannot write the ZooKeeper heartbeat"),
                 }
             }
-            _ = refresh.tick() => reconcile = true,
+            _ = refresh.tick() => { worker.reap_peers(); reconcile = true; }
             // A status read that failed is tried again at the next check, not a refresh later.
             _ = activation.tick() => {
                 if reread_status {
@@ -575,7 +698,7 @@ async fn run_session(
                     match plan_of(&a).map(|(_, plan)| plan) {
                         Ok(new_plan) if new_plan.local_executors == plan.local_executors => {
                             if new_plan != plan {
-                                worker.update(new_plan.clone(), id)?;
+                                worker.update(new_plan.clone())?;
                                 tracing::info!(
                                     peers = new_plan.peers.len(),
                                     "assignment changed: peers reconnected"

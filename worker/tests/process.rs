@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use worker::builtin::{SentenceParams, SentenceSpout, SplitSentence, WordCount};
 use worker::layout::TaskLayout;
 use worker::process::{WorkerArgs, WorkerConfig, read_local_heartbeat, report_error, run};
+use worker::transport::TopologySecret;
 use worker::{Bolt, BoltCollector, ComponentError, Topology, TopologyBuilder, TopologyConfig, Tuple};
 
 fn free_port() -> u16 {
@@ -53,6 +54,8 @@ struct Cluster {
     paths: StormPaths,
     id: TopologyId,
     dir: tempfile::TempDir,
+    /// What nimbus would create at submit, shared by the topology's workers.
+    secret: TopologySecret,
 }
 
 impl Cluster {
@@ -60,7 +63,14 @@ impl Cluster {
         let connect = ZkServer::shared().chroot(test).await;
         let session = Ensemble::zookeeper(connect.clone()).connect(&SessionOptions::default()).await.unwrap();
         let id = TopologyId::new(&TopologyName::new("wc").unwrap(), 1, 1_700_000_000);
-        Cluster { connect, session, paths: StormPaths::default(), id, dir: tempfile::tempdir().unwrap() }
+        Cluster {
+            connect,
+            session,
+            paths: StormPaths::default(),
+            id,
+            dir: tempfile::tempdir().unwrap(),
+            secret: TopologySecret::generate(),
+        }
     }
 
     /// Writes what nimbus would: the storm base (active) and an assignment spreading the
@@ -124,6 +134,7 @@ impl Cluster {
             local_dir: self.dir.path().to_owned(),
             hostname: "127.0.0.1".into(),
             session: SessionOptions::default(),
+            secret: self.secret.clone(),
         };
         let config = WorkerConfig {
             zk_heartbeat_frequency_secs: 1,
@@ -401,6 +412,7 @@ impl MemoryWorker {
             local_dir: dir.path().to_owned(),
             hostname: "127.0.0.1".into(),
             session: SessionOptions::default(),
+            secret: TopologySecret::generate(),
         };
         let registry = prometheus::Registry::new();
         let cancel = CancellationToken::new();
