@@ -402,6 +402,39 @@ impl StaticWorker {
         Ok(StaticWorker { runtime, transport, plan, peers, receiver })
     }
 
+    /// Every executor of `topology` in this one worker, listening on `port` (0: any free one)
+    /// with no peers: for benchmarks and probes of the transport without a cluster.
+    pub fn alone(
+        topology: Topology,
+        topology_id: &TopologyId,
+        port: u16,
+        options: TransportOptions,
+    ) -> Result<Self> {
+        let layout = Arc::new(TaskLayout::compute(&topology.component_parallelism()));
+        let node = SupervisorId::new("local")
+            .map_err(|e| Error::BadAssignment { topology: topology_id.to_string(), reason: e.to_string() })?;
+        let slot = WorkerSlot { node: node.clone(), port };
+        let assignment = Assignment {
+            master_code_dir: String::new(),
+            node_host: [(node.clone(), options.bind_host.clone())].into(),
+            executors: layout
+                .executors
+                .keys()
+                .map(|e| cluster_state::znode::ExecutorAssignment {
+                    executor: *e,
+                    node: node.clone(),
+                    port,
+                    start_time_secs: 0,
+                })
+                .collect(),
+        };
+        let plan = plan_worker(&layout, &assignment, &slot).map_err(|e| Error::BadAssignment {
+            topology: topology_id.to_string(),
+            reason: format!("{e:?}"),
+        })?;
+        StaticWorker::start(Arc::new(topology), layout, plan, topology_id, options, None)
+    }
+
     /// The address the worker listens on.
     pub fn local_addr(&self) -> std::net::SocketAddr {
         self.receiver.local_addr()

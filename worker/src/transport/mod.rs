@@ -70,6 +70,21 @@ const HOLD_MAX: Duration = Duration::from_secs(10);
 /// a worker has one connection from each peer worker of its topology.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 
+/// Opens a connection to a worker's port as its peer would: the handshake as `topology_id`
+/// with `secret`. For tools and tests (the soak benchmark, a probe); workers connect through
+/// their senders.
+pub fn connect_as_peer(
+    addr: std::net::SocketAddr,
+    topology_id: &str,
+    secret: &TopologySecret,
+) -> crate::Result<std::net::TcpStream> {
+    let peer = addr.to_string();
+    let mut s = std::net::TcpStream::connect_timeout(&addr, auth::HANDSHAKE_TIMEOUT)
+        .map_err(|e| crate::Error::io(format!("connect to {peer}"), e))?;
+    auth::client(&mut s, topology_id, secret, &peer)?;
+    Ok(s)
+}
+
 /// Counters of the transport, for metrics and tests.
 #[derive(Debug, Default)]
 pub struct TransportStats {
@@ -315,6 +330,223 @@ mod tests {
         assert_eq!(words, ["early", "also early"], "delivered in order");
         assert_eq!(stats.batches_dropped.load(Ordering::Relaxed), 0);
         assert!(sender.stop_within(Duration::from_secs(10)));
+        receiver.stop();
+    }
+
+    /// A tuple for task 3 carrying `len` bytes, tagged with `n` (its first bytes).
+    fn blob(stream: u32, n: u32, len: usize) -> Envelope {
+        let mut bytes = vec![0u8; len.max(4)];
+        bytes[..4].copy_from_slice(&n.to_le_bytes());
+        Envelope::Tuple {
+            task: TaskId(3),
+            tuple: Sent {
+                values: [Value::Bytes(Bytes::from(bytes))].into_iter().collect(),
+                stream,
+                source_task: TaskId(2),
+                anchors: Anchors::None,
+            },
+        }
+    }
+
+    fn tag_of(env: &Envelope) -> u32 {
+        match env {
+            Envelope::Tuple { tuple, .. } => match &tuple.values[0] {
+                Value::Bytes(b) => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                _ => u32::MAX,
+            },
+            Envelope::Ack { .. } => u32::MAX,
+        }
+    }
+
+    /// The stream index of split's output (one field, as `blob` and `word` fill it).
+    fn split_stream(table: &StreamTable) -> u32 {
+        table.metas.iter().find(|m| m.component.as_str() == "split").unwrap().index
+    }
+
+    #[test]
+    fn frames_are_cut_by_bytes_below_the_limit_and_an_oversized_envelope_alone_is_refused() {
+        let table = table();
+        let stream = split_stream(&table);
+        const LIMIT: usize = 256 * 1024;
+        let mut frames: Vec<Vec<u8>> = Vec::new();
+        let mut write = |f: &[u8]| {
+            frames.push(f.to_vec());
+            Ok(())
+        };
+        let mut frame = codec::FrameBuf::new(MAX_FRAME_ENVELOPES, 64 * 1024, LIMIT);
+        // 40 KiB tuples: a batch of 100 is 4 MB, far over the limit; one of 300 KiB cannot go.
+        for n in 0..100 {
+            frame.push(&blob(stream, n, 40 * 1024), &mut write).unwrap();
+            if n == 50 {
+                match frame.push(&blob(stream, 999, 300 * 1024), &mut write) {
+                    Err(codec::PushError::Envelope(e)) => {
+                        assert!(e.to_string().contains("over the frame limit"), "{e}");
+                    }
+                    other => panic!("oversized envelope accepted: {other:?}"),
+                }
+            }
+        }
+        frame.flush(&mut write).unwrap();
+        let mut tags = Vec::new();
+        for f in &frames {
+            let len = u32::from_be_bytes([f[0], f[1], f[2], f[3]]) as usize;
+            assert_eq!(len, f.len() - 4);
+            assert!(len <= LIMIT, "a frame of {len} bytes");
+            let batch = decode_batch(Bytes::copy_from_slice(&f[4..]), &table, "test").unwrap();
+            tags.extend(batch.iter().map(tag_of));
+        }
+        assert!(frames.len() > 1);
+        assert_eq!(tags, (0..100).collect::<Vec<_>>(), "every envelope, in order, and only those");
+    }
+
+    #[test]
+    fn counts_beyond_their_fields_are_errors_not_truncations() {
+        let table = table();
+        let stream = split_stream(&table);
+        let many = Envelope::Tuple {
+            task: TaskId(3),
+            tuple: Sent {
+                values: (0..70_000).map(|_| Value::Null).collect(),
+                stream,
+                source_task: TaskId(2),
+                anchors: Anchors::None,
+            },
+        };
+        let e = encode_batch(&[many], &mut Vec::new()).unwrap_err().to_string();
+        assert!(e.contains("task 3") && e.contains("70000 values"), "{e}");
+        let anchors = Envelope::Tuple {
+            task: TaskId(3),
+            tuple: Sent {
+                values: [Value::Null].into_iter().collect(),
+                stream,
+                source_task: TaskId(2),
+                anchors: Anchors::Many((0..70_000).map(|i| Anchor { root: i, edge: i }).collect()),
+            },
+        };
+        let e = encode_batch(&[anchors], &mut Vec::new()).unwrap_err().to_string();
+        assert!(e.contains("70000 anchors"), "{e}");
+    }
+
+    #[test]
+    fn megabyte_tuples_cross_between_workers_in_frames_under_the_limit() {
+        // Kafka messages up to 1 MB are normal: a batch of them is larger than a frame may be
+        // (80 MiB here), and once went as one frame that the receiver refused, forever.
+        let table = Arc::new(table());
+        let stream = split_stream(&table);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
+        let stats = Arc::new(TransportStats::default());
+        let receiver = receiver(0, table, dispatch, &stats, &secret());
+        let sender = PeerSender::start(peer(receiver.local_addr().port()), stats.clone()).unwrap();
+        let mut batch: Batch = (0..80).map(|n| blob(stream, n, 1024 * 1024)).collect();
+        // One envelope larger than any frame: dropped and counted, the rest still arrive.
+        batch.insert(40, blob(stream, 999, FRAME_LIMIT + 1));
+        sender.tx.send(batch).unwrap();
+        let mut tags = Vec::new();
+        while tags.len() < 80 {
+            let got = rx.recv_timeout(Duration::from_secs(30)).expect("megabyte tuples delivered");
+            tags.extend(got.iter().map(tag_of));
+        }
+        assert_eq!(tags, (0..80).collect::<Vec<_>>());
+        assert_eq!(stats.envelopes_unsendable.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.connects.load(Ordering::Relaxed), 1, "the connection survived");
+        assert!(stats.frames_received.load(Ordering::Relaxed) > 1);
+        assert!(sender.stop_within(Duration::from_secs(10)));
+        receiver.stop();
+    }
+
+    fn poll_until(what: &str, done: impl FnMut() -> bool) {
+        test_harness::wait_for(Duration::from_secs(20), what, done);
+    }
+
+    #[test]
+    fn a_peer_without_the_secret_is_refused_and_counted() {
+        let table = Arc::new(table());
+        let stream = split_stream(&table);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
+        let stats = Arc::new(TransportStats::default());
+        let receiver = receiver(0, table, dispatch, &stats, &secret());
+        let addr = receiver.local_addr();
+        // Knowing the topology id (the open API publishes it) is not enough.
+        let e = connect_as_peer(addr, "topo-1-1", &TopologySecret::generate()).unwrap_err().to_string();
+        assert!(e.contains("does not hold the secret"), "{e}");
+        // Nor is the old hello, the topology id alone.
+        let mut old = TcpStream::connect(addr).unwrap();
+        write_frame(&mut old, b"SQL1topo-1-1").unwrap();
+        let mut frame = Vec::new();
+        encode_batch(&[word(stream, "injected")], &mut frame).unwrap();
+        let _ = write_frame(&mut old, &frame);
+        // A sender of the same topology with another secret never gets through either.
+        let forged = PeerAddr { secret: TopologySecret::generate(), ..peer(addr.port()) };
+        let forger = PeerSender::start(forged, Arc::new(TransportStats::default())).unwrap();
+        forger.tx.send(vec![word(stream, "forged")]).unwrap();
+        poll_until("three refused handshakes", || stats.handshakes_failed.load(Ordering::Relaxed) >= 3);
+        // The right secret gets through, and its tuple is the only one delivered.
+        let mut good = connect_as_peer(addr, "topo-1-1", &secret()).unwrap();
+        let mut frame = Vec::new();
+        encode_batch(&[word(stream, "genuine")], &mut frame).unwrap();
+        write_frame(&mut good, &frame).unwrap();
+        let batch = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(batch.len(), 1);
+        assert!(
+            matches!(&batch[0], Envelope::Tuple { tuple, .. } if tuple.values[0].as_str() == Some("genuine"))
+        );
+        assert!(rx.try_recv().is_err(), "a forged tuple was delivered");
+        assert_eq!(stats.accepted.load(Ordering::Relaxed), 1);
+        forger.force_close();
+        receiver.stop();
+    }
+
+    #[test]
+    fn stopping_a_sender_blocked_on_a_peer_that_reads_nothing_is_bounded() {
+        // The peer's inbox takes one batch and is never drained: its receiver blocks, TCP
+        // buffers fill, and the sender's write blocks.
+        let table = Arc::new(table());
+        let stream = split_stream(&table);
+        let (tx, _rx) = crossbeam_channel::bounded(1);
+        let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
+        let stats = Arc::new(TransportStats::default());
+        let receiver = receiver(0, table, dispatch, &stats, &secret());
+        let sender = PeerSender::start(peer(receiver.local_addr().port()), stats.clone()).unwrap();
+        for n in 0..64 {
+            sender.tx.send(vec![blob(stream, n, 1024 * 1024)]).unwrap();
+        }
+        poll_until("the sender blocked in a write", || {
+            stats.frames_received.load(Ordering::Relaxed) >= 2 && sender.tx.len() > 8
+        });
+        let started = std::time::Instant::now();
+        assert!(!sender.stop_within(Duration::from_millis(200)), "a blocked sender cannot flush");
+        assert!(started.elapsed() < Duration::from_secs(2), "stop took {:?}", started.elapsed());
+        drop(_rx);
+        receiver.stop();
+    }
+
+    #[test]
+    fn connections_over_the_limit_are_closed_at_once_and_counted() {
+        let table = Arc::new(table());
+        let (tx, _rx) = crossbeam_channel::unbounded();
+        let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
+        let stats = Arc::new(TransportStats::default());
+        let setup = ReceiverSetup {
+            topology_id: "topo-1-1".into(),
+            secret: secret(),
+            table,
+            dispatch,
+            stats: stats.clone(),
+            max_connections: 4,
+        };
+        let receiver = PeerReceiver::start("127.0.0.1", 0, setup).unwrap();
+        let idle: Vec<TcpStream> =
+            (0..10).map(|_| TcpStream::connect(receiver.local_addr()).unwrap()).collect();
+        poll_until("six refused", || stats.connections_refused.load(Ordering::Relaxed) >= 6);
+        assert_eq!(stats.connections.load(Ordering::Relaxed), 4);
+        // Idle connections that never say hello are closed at the handshake deadline.
+        poll_until("idle connections closed", || stats.connections.load(Ordering::Relaxed) == 0);
+        assert_eq!(stats.handshakes_failed.load(Ordering::Relaxed), 4);
+        // Then a peer gets in.
+        let _good = connect_as_peer(receiver.local_addr(), "topo-1-1", &secret()).unwrap();
+        drop(idle);
         receiver.stop();
     }
 
