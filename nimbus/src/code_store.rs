@@ -501,6 +501,22 @@ mod tests {
         "wc-1-1700000000".parse().unwrap()
     }
 
+    #[tokio::test]
+    async fn a_topology_secret_is_random_private_and_served_with_its_checksum() {
+        use std::os::unix::fs::PermissionsExt;
+        let (_dir, store) = store(CodeStoreLimits::default()).await;
+        let path = store.install_secret(&topology()).await.unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "readable by nimbus's user only");
+        let secret = std::fs::read(&path).unwrap();
+        assert_eq!(secret.len(), 32);
+        let reader = store.open_code(&topology(), CodeFile::Secret).await.unwrap();
+        assert_eq!(reader.sha256, sha256_hex(&secret));
+        let other: TopologyId = "wc-2-1700000000".parse().unwrap();
+        let other = std::fs::read(store.install_secret(&other).await.unwrap()).unwrap();
+        assert_ne!(secret, other, "each topology has its own");
+    }
+
     #[test]
     fn upload_ids_are_uuids_only() {
         let ok = "123e4567-e89b-42d3-a456-426614174000";

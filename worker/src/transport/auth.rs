@@ -222,3 +222,31 @@ pub(super) fn server(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn a_secret_file_is_read_only_when_private_and_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("topology.secret");
+        let write = |bytes: &[u8], mode: u32| {
+            std::fs::write(&path, bytes).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        let err = |path: &Path| TopologySecret::read(path).unwrap_err().to_string();
+        let missing = err(&path);
+        assert!(missing.contains("topology.secret") && missing.contains("resubmitted"), "{missing}");
+        write(&[1; SECRET_BYTES], 0o644);
+        assert!(err(&path).contains("mode 644"), "{}", err(&path));
+        write(&[1; 7], 0o600);
+        assert!(err(&path).contains("7 bytes"), "{}", err(&path));
+        write(&[1; SECRET_BYTES], 0o600);
+        let secret = TopologySecret::read(&path).unwrap();
+        assert_eq!(secret.as_bytes(), &[1; SECRET_BYTES]);
+        assert_eq!(format!("{secret:?}"), "TopologySecret(..)", "never printed");
+    }
+}
