@@ -577,6 +577,8 @@ async fn a_worker_opens_its_session_with_the_launch_timeouts() {
          bolts:\n  - id: l\n    className: log\nstreams:\n  - from: s\n    to: l\n    grouping: {type: SHUFFLE}\n",
     )
     .unwrap();
+    // What the supervisor downloads beside the topology file.
+    TopologySecret::generate().write_new(&file.with_file_name("topology.secret")).unwrap();
     let mut launch = WorkerLaunch::new(
         "wc-1-1700000000".parse().unwrap(),
         "sup-1".parse().unwrap(),

@@ -154,3 +154,48 @@ fn idle_connections_slow_handshakes_and_huge_frame_headers_stay_bounded() {
     w.shutdown(Duration::from_secs(1));
     until("receiver threads gone", || status("Threads:") <= threads_before + 4);
 }
+
+/// User + system CPU seconds of this process so far, from `/proc/self/stat` opened already
+/// (no descriptor may be left to open it).
+fn cpu_secs(stat: &std::fs::File) -> f64 {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 1024];
+    let n = stat.read_at(&mut buf, 0).unwrap();
+    let stat = String::from_utf8_lossy(&buf[..n]);
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    // utime and stime, in USER_HZ (100 on Linux), are fields 14 and 15: 11 and 12 after ')'.
+    (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / 100.0
+}
+
+#[test]
+fn out_of_descriptors_the_accept_loop_backs_off_and_recovers() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let _one = EXCLUSIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let secret = TopologySecret::generate();
+    let w = worker(256, &secret);
+    let addr = w.local_addr();
+    let limit = getrlimit(Resource::Nofile);
+    // Room for the test's own connections, none for the worker to accept them with.
+    let stat = std::fs::File::open("/proc/self/stat").unwrap();
+    let low = u64::try_from(fds()).unwrap() + 20;
+    setrlimit(Resource::Nofile, rustix::process::Rlimit { current: Some(low), maximum: limit.maximum })
+        .unwrap();
+    // Each accepted connection takes a descriptor in this process too: 30 attempts exhaust 20.
+    let clients: Vec<TcpStream> = (0..30).filter_map(|_| TcpStream::connect(addr).ok()).collect();
+    until("a failed accept", || w.transport.accept_errors.load(Ordering::Relaxed) > 0);
+    // Over the next second the accept loop retries with backoff instead of spinning a core
+    // (it did: 100% CPU while descriptors ran out).
+    let (cpu0, errors0) = (cpu_secs(&stat), w.transport.accept_errors.load(Ordering::Relaxed));
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_secs(1) {
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+    let (cpu, retries) =
+        (cpu_secs(&stat) - cpu0, w.transport.accept_errors.load(Ordering::Relaxed) - errors0);
+    assert!(retries < 200, "{retries} accept retries in a second");
+    assert!(cpu < 0.5, "{cpu:.2} CPU seconds in one second");
+    setrlimit(Resource::Nofile, limit).unwrap();
+    drop(clients);
+    until("the worker accepting again", || connect_as_peer(addr, id().as_str(), &secret).is_ok());
+    w.shutdown(Duration::from_secs(1));
+}

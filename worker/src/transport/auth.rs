@@ -86,6 +86,17 @@ impl TopologySecret {
     }
 
     /// HMAC accepts keys of any length, so this is `None` only in theory.
+    /// Writes the secret to a new file at `path`, mode 0600 from its creation (what nimbus
+    /// does at submit; for tests and tools that lay out a code dir themselves).
+    pub fn write_new(&self, path: &Path) -> Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let err = |e: std::io::Error| Error::Secret { path: path.to_owned(), reason: e.to_string() };
+        let mut f =
+            std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(err)?;
+        f.write_all(self.as_bytes()).map_err(err)
+    }
+
     fn mac(&self, nonce: &[u8], topology_id: &str, direction: &[u8]) -> Option<HmacSha256> {
         let mut mac = <HmacSha256 as KeyInit>::new_from_slice(&self.0[..]).ok()?;
         mac.update(nonce);
@@ -244,9 +255,11 @@ mod tests {
         assert!(err(&path).contains("mode 644"), "{}", err(&path));
         write(&[1; 7], 0o600);
         assert!(err(&path).contains("7 bytes"), "{}", err(&path));
-        write(&[1; SECRET_BYTES], 0o600);
+        std::fs::remove_file(&path).unwrap();
+        let written = TopologySecret::generate();
+        written.write_new(&path).unwrap();
         let secret = TopologySecret::read(&path).unwrap();
-        assert_eq!(secret.as_bytes(), &[1; SECRET_BYTES]);
+        assert_eq!(secret.as_bytes(), written.as_bytes());
         assert_eq!(format!("{secret:?}"), "TopologySecret(..)", "never printed");
     }
 }

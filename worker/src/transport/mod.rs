@@ -125,6 +125,7 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     use cluster_state::ids::TaskId;
+    use crossbeam_channel::Receiver;
 
     use super::codec::{decode_batch, encode_batch, write_frame};
     use super::*;
@@ -167,6 +168,17 @@ mod tests {
             max_connections: DEFAULT_MAX_CONNECTIONS,
         };
         PeerReceiver::start("127.0.0.1", port, setup).unwrap()
+    }
+
+    /// A receiver for topo-1-1 delivering task 3's batches to an inbox of `capacity` (or
+    /// unbounded), with its stats, inbox and split's stream index.
+    fn listening(capacity: Option<usize>) -> (PeerReceiver, Arc<TransportStats>, Receiver<Batch>, u32) {
+        let table = Arc::new(table());
+        let stream = split_stream(&table);
+        let (tx, rx) = capacity.map_or_else(crossbeam_channel::unbounded, crossbeam_channel::bounded);
+        let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
+        let stats = Arc::new(TransportStats::default());
+        (receiver(0, table, dispatch, &stats, &secret()), stats, rx, stream)
     }
 
     /// A raw connection that completed the handshake with `secret`.
@@ -431,12 +443,7 @@ mod tests {
     fn megabyte_tuples_cross_between_workers_in_frames_under_the_limit() {
         // Kafka messages up to 1 MB are normal: a batch of them is larger than a frame may be
         // (80 MiB here), and once went as one frame that the receiver refused, forever.
-        let table = Arc::new(table());
-        let stream = split_stream(&table);
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
-        let stats = Arc::new(TransportStats::default());
-        let receiver = receiver(0, table, dispatch, &stats, &secret());
+        let (receiver, stats, rx, stream) = listening(None);
         let sender = PeerSender::start(peer(receiver.local_addr().port()), stats.clone()).unwrap();
         let mut batch: Batch = (0..80).map(|n| blob(stream, n, 1024 * 1024)).collect();
         // One envelope larger than any frame: dropped and counted, the rest still arrive.
@@ -461,12 +468,7 @@ mod tests {
 
     #[test]
     fn a_peer_without_the_secret_is_refused_and_counted() {
-        let table = Arc::new(table());
-        let stream = split_stream(&table);
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
-        let stats = Arc::new(TransportStats::default());
-        let receiver = receiver(0, table, dispatch, &stats, &secret());
+        let (receiver, stats, rx, stream) = listening(None);
         let addr = receiver.local_addr();
         // Knowing the topology id (the open API publishes it) is not enough.
         let e = connect_as_peer(addr, "topo-1-1", &TopologySecret::generate()).unwrap_err().to_string();
@@ -502,12 +504,7 @@ mod tests {
     fn stopping_a_sender_blocked_on_a_peer_that_reads_nothing_is_bounded() {
         // The peer's inbox takes one batch and is never drained: its receiver blocks, TCP
         // buffers fill, and the sender's write blocks.
-        let table = Arc::new(table());
-        let stream = split_stream(&table);
-        let (tx, _rx) = crossbeam_channel::bounded(1);
-        let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
-        let stats = Arc::new(TransportStats::default());
-        let receiver = receiver(0, table, dispatch, &stats, &secret());
+        let (receiver, stats, inbox, stream) = listening(Some(1));
         let sender = PeerSender::start(peer(receiver.local_addr().port()), stats.clone()).unwrap();
         for n in 0..64 {
             sender.tx.send(vec![blob(stream, n, 1024 * 1024)]).unwrap();
@@ -518,7 +515,7 @@ mod tests {
         let started = std::time::Instant::now();
         assert!(!sender.stop_within(Duration::from_millis(200)), "a blocked sender cannot flush");
         assert!(started.elapsed() < Duration::from_secs(2), "stop took {:?}", started.elapsed());
-        drop(_rx);
+        drop(inbox);
         receiver.stop();
     }
 
