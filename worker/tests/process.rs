@@ -609,3 +609,81 @@ async fn a_worker_opens_its_session_with_the_launch_timeouts() {
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(30), handle).await.unwrap().unwrap().unwrap();
 }
+
+/// Emits `limit` messages of 1 MB each (Kafka's default `message.max.bytes` is about that).
+struct Megabytes {
+    next: u64,
+    limit: u64,
+}
+
+impl worker::Spout for Megabytes {
+    fn declare_outputs(&self, declarer: &mut worker::OutputDeclarer) {
+        declarer.declare(worker::Fields::new(["value"]));
+    }
+
+    fn next_tuple(&mut self, out: &mut worker::SpoutCollector<'_>) -> Result<(), ComponentError> {
+        if self.next < self.limit {
+            let value = worker::Value::Bytes(vec![u8::try_from(self.next % 251).unwrap(); 1_000_000].into());
+            out.emit([value], Some(self.next))?;
+            self.next += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Acks what it gets.
+struct Sink;
+
+impl Bolt for Sink {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        out.ack(input);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn megabyte_messages_cross_between_two_workers_and_are_acked() {
+    // A batch of them is larger than a frame may be: it went as one frame, the receiver
+    // refused it with the connection, and the spout replayed and failed forever.
+    let c = Cluster::new("megabytes").await;
+    let sup = SupervisorId::new("sup-1").unwrap();
+    let slots =
+        [WorkerSlot { node: sup.clone(), port: free_port() }, WorkerSlot { node: sup, port: free_port() }];
+    let build = || {
+        let mut b = TopologyBuilder::new("wc");
+        b.config(TopologyConfig {
+            workers: 2,
+            message_timeout_secs: 30,
+            max_spout_pending: Some(200),
+            ..TopologyConfig::default()
+        });
+        b.set_spout("megabytes", 1, || Megabytes { next: 0, limit: 300 });
+        // Two sink executors: round-robin puts one on each worker, so half the messages cross.
+        b.set_bolt("sink", 2, || Sink).shuffle_grouping("megabytes");
+        b.build().unwrap()
+    };
+    let topology = build();
+    let layout = TaskLayout::compute(&topology.component_parallelism());
+    let assignment = c.submit(&topology, &slots).await;
+    let sink_slots: std::collections::BTreeSet<_> = layout
+        .executors
+        .iter()
+        .filter(|(_, comp)| comp.as_str() == "sink")
+        .map(|(e, _)| assignment.slot_of(e).unwrap())
+        .collect();
+    assert_eq!(sink_slots.len(), 2, "a sink on each worker");
+    let spout_slot = assignment
+        .slot_of(layout.executors.iter().find(|(_, c)| c.as_str() == "megabytes").map(|(e, _)| e).unwrap())
+        .unwrap();
+    let (ta, ha) = c.start(build(), &slots[0], "worker-a");
+    let (tb, hb) = c.start(build(), &slots[1], "worker-b");
+    eventually_true(Duration::from_secs(120), "300 megabyte messages acked", || async {
+        c.acked(&spout_slot, &layout, "megabytes").await >= 300
+    })
+    .await;
+    assert_eq!(c.failed(&spout_slot, &layout, "megabytes").await, 0, "none failed or replayed");
+    for (t, h) in [(ta, ha), (tb, hb)] {
+        t.cancel();
+        h.await.unwrap().unwrap();
+    }
+}
