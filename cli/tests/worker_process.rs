@@ -106,6 +106,8 @@ async fn two_worker_processes_resume_after_one_is_killed_and_restarted() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("wc.yaml");
     std::fs::write(&file, TOPOLOGY).unwrap();
+    // What nimbus creates at submit and the supervisor downloads beside the topology file.
+    worker::transport::TopologySecret::generate().write_new(&dir.path().join("topology.secret")).unwrap();
     let topology = worker::Registry::with_builtins().load_file(&file).unwrap();
     let layout = TaskLayout::compute(&topology.component_parallelism());
 

@@ -16,17 +16,22 @@ pub enum CodeFile {
     /// The user's worker binary, Storm's `stormjar.jar`; optional (the `squall` binary's
     /// built-in components run topologies without one).
     WorkerBinary,
+    /// 32 random bytes nimbus creates at submit, with which the topology's workers
+    /// authenticate each other (mode 0600 wherever it is stored; never in ZooKeeper, which
+    /// anonymous clients can read).
+    Secret,
 }
 
 impl CodeFile {
     /// Every code file.
-    pub const ALL: [CodeFile; 2] = [CodeFile::Topology, CodeFile::WorkerBinary];
+    pub const ALL: [CodeFile; 3] = [CodeFile::Topology, CodeFile::WorkerBinary, CodeFile::Secret];
 
     /// The file name under `stormdist/<topology-id>/`, also its name in the HTTP API.
     pub fn file_name(self) -> &'static str {
         match self {
             CodeFile::Topology => "topology.yaml",
             CodeFile::WorkerBinary => "worker",
+            CodeFile::Secret => "topology.secret",
         }
     }
 }
@@ -43,7 +48,7 @@ impl FromStr for CodeFile {
         CodeFile::ALL.into_iter().find(|f| f.file_name() == s).ok_or_else(|| IdError {
             kind: "code file",
             value: s.chars().take(80).collect(),
-            rule: "must be one of topology.yaml, worker",
+            rule: "must be one of topology.yaml, worker, topology.secret",
         })
     }
 }

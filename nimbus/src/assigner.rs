@@ -194,6 +194,8 @@ impl Assigner {
             self.code.install_id(upload, &id, CodeFile::WorkerBinary).await?;
         }
         self.code.install_id(request.topology, &id, CodeFile::Topology).await?;
+        // The secret its workers authenticate each other with: a code file, not a znode.
+        self.code.install_secret(&id).await?;
         let base = StormBase {
             name: structure.name.clone(),
             launch_time_secs: launch,

@@ -381,6 +381,33 @@ impl CodeStore {
         Ok(target)
     }
 
+    /// Creates the topology's secret (`CodeFile::Secret`): 32 random bytes, mode 0600, with
+    /// its checksum like every code file, served only through the authenticated code API.
+    pub async fn install_secret(&self, topology: &TopologyId) -> Result<PathBuf> {
+        let secret: [u8; 32] = rand::random();
+        let file = CodeFile::Secret;
+        let dir = self.topology_dir(topology);
+        tokio::fs::create_dir_all(&dir).await.map_err(io_at(&dir))?;
+        let sum_path = dir.join(format!("{}.sha256", file.file_name()));
+        let sum_tmp = dir.join(format!(".{}.sha256.tmp", file.file_name()));
+        write_synced(&sum_tmp, sha256_hex(&secret).as_bytes()).await?;
+        tokio::fs::rename(&sum_tmp, &sum_path).await.map_err(io_at(&sum_path))?;
+        let tmp = dir.join(format!(".{}.tmp", file.file_name()));
+        let mut out = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .await
+            .map_err(io_at(&tmp))?;
+        out.write_all(&secret).await.map_err(io_at(&tmp))?;
+        flush_and_sync(&mut out).await.map_err(io_at(&tmp))?;
+        let target = dir.join(file.file_name());
+        tokio::fs::rename(&tmp, &target).await.map_err(io_at(&target))?;
+        Ok(target)
+    }
+
     /// Opens an installed code file for download.
     pub async fn open_code(&self, topology: &TopologyId, file: CodeFile) -> Result<CodeFileReader> {
         let dir = self.topology_dir(topology);
@@ -511,6 +538,22 @@ mod tests {
 
     fn topology() -> TopologyId {
         "wc-1-1700000000".parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_topology_secret_is_random_private_and_served_with_its_checksum() {
+        use std::os::unix::fs::PermissionsExt;
+        let (_dir, store) = store(CodeStoreLimits::default()).await;
+        let path = store.install_secret(&topology()).await.unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "readable by nimbus's user only");
+        let secret = std::fs::read(&path).unwrap();
+        assert_eq!(secret.len(), 32);
+        let reader = store.open_code(&topology(), CodeFile::Secret).await.unwrap();
+        assert_eq!(reader.sha256, sha256_hex(&secret));
+        let other: TopologyId = "wc-2-1700000000".parse().unwrap();
+        let other = std::fs::read(store.install_secret(&other).await.unwrap()).unwrap();
+        assert_ne!(secret, other, "each topology has its own");
     }
 
     #[test]

@@ -99,9 +99,11 @@ impl CodeSync {
             let target = into.join(file.file_name());
             match tokio::time::timeout(self.timeout, self.download(topology, file, &target)).await {
                 Ok(Ok(())) => {}
-                // A topology without its own worker binary runs on the squall binary.
+                // A topology without its own worker binary runs on the squall binary; one
+                // without a secret (submitted before there were any) is refused by its worker,
+                // which names the file.
                 Ok(Err(CodeError::Status { status: StatusCode::NOT_FOUND, .. }))
-                    if file == CodeFile::WorkerBinary => {}
+                    if matches!(file, CodeFile::WorkerBinary | CodeFile::Secret) => {}
                 Ok(Err(e)) => return Err(e),
                 Err(_) => {
                     return Err(CodeError::Nimbus {
@@ -131,6 +133,11 @@ impl CodeSync {
             .take()
             .ok_or_else(|| CodeError::NoChecksum { topology: topology.clone(), file })?;
         let mut out = tokio::fs::File::create(target).await.map_err(io(target))?;
+        if file == CodeFile::Secret {
+            // Readable by the workers' user only, before a byte of it is written.
+            use std::os::unix::fs::PermissionsExt;
+            out.set_permissions(std::fs::Permissions::from_mode(0o600)).await.map_err(io(target))?;
+        }
         let mut hash = Sha256::new();
         while let Some(data) = download.next_chunk().await.map_err(from_client)? {
             hash.update(&data);

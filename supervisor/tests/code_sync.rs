@@ -57,6 +57,9 @@ async fn downloads_checks_reuses_and_cleans_up() {
     install(&nimbus_local.path().join("nimbus"), &wc, CodeFile::Topology, YAML).await;
     install(&nimbus_local.path().join("nimbus"), &wc, CodeFile::WorkerBinary, &binary).await;
     install(&nimbus_local.path().join("nimbus"), &old, CodeFile::Topology, YAML).await;
+    let store =
+        CodeStore::open(&nimbus_local.path().join("nimbus"), CodeStoreLimits::default()).await.unwrap();
+    let secret = std::fs::read(store.install_secret(&wc).await.unwrap()).unwrap();
     let (addr, shutdown) = nimbus(nimbus_local.path(), &[&wc, &old]).await;
     let sync = CodeSync::new(addr, supervisor_local.path());
 
@@ -65,6 +68,9 @@ async fn downloads_checks_reuses_and_cleans_up() {
     assert_eq!(std::fs::read(dir.join("worker")).unwrap(), binary);
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(dir.join("worker")).unwrap().permissions().mode() & 0o111, 0o111);
+    // The workers' secret: the same bytes, readable by the supervisor's user only.
+    assert_eq!(std::fs::read(dir.join("topology.secret")).unwrap(), secret);
+    assert_eq!(std::fs::metadata(dir.join("topology.secret")).unwrap().permissions().mode() & 0o777, 0o600);
 
     // Already here: no second download (it would fail: the file is gone from nimbus).
     std::fs::remove_dir_all(nimbus_local.path().join("nimbus/stormdist").join(wc.as_str())).unwrap();

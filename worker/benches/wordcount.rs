@@ -31,7 +31,8 @@ use worker::builtin::{
     reference_corpus,
 };
 use worker::layout::{TaskLayout, plan_worker};
-use worker::process::StaticWorker;
+use worker::process::{StaticWorker, TransportOptions};
+use worker::transport::{SECRET_BYTES, TopologySecret};
 use worker::{Bolt, BoltCollector, ComponentError, LocalCluster, TopologyBuilder, TopologyConfig, Tuple};
 
 /// Linux's USER_HZ: the unit of utime / stime in /proc/<pid>/stat.
@@ -219,7 +220,10 @@ fn child(args: &[String]) -> Option<()> {
     let slot = if role == "a" { slot_a } else { slot_b };
     let plan = plan_worker(&layout, &assignment, &slot).ok()?;
     let id = TopologyId::new(&TopologyName::new("wordcount").ok()?, 1, 1);
-    let worker = StaticWorker::start(topology, layout, plan, &id, "127.0.0.1", None).ok()?;
+    // Both children need the same secret; a fixed one will do on loopback.
+    let secret = TopologySecret::from_bytes(&[7; SECRET_BYTES])?;
+    let options = TransportOptions::new("127.0.0.1", secret);
+    let worker = StaticWorker::start(topology, layout, plan, &id, options, None).ok()?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while !worker.peers_connected() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));

@@ -35,6 +35,7 @@
 
 use std::path::PathBuf;
 
+use cluster_state::code::CodeFile;
 use cluster_state::coord::Ensemble;
 use cluster_state::ids::{SupervisorId, TopologyId};
 use cluster_state::launch::{self, WorkerId, WorkerLaunch};
@@ -45,6 +46,7 @@ use crate::error::{Error, Result};
 use crate::flux::Registry;
 use crate::process::{WorkerArgs, WorkerConfig, run};
 use crate::topology::Topology;
+use crate::transport::TopologySecret;
 
 /// `worker` arguments (Storm's `topology-id supervisor-id port worker-id`, as options); the
 /// flags of `cluster_state::launch::WorkerLaunch`, documented there.
@@ -119,9 +121,12 @@ pub struct PreparedWorker {
 }
 
 /// Loads the launch's topology file with `registry` and resolves the rest of the launch: the
-/// session options it gives, the host name (`$HOSTNAME`, else `localhost`, when not given).
+/// session options it gives, the host name (`$HOSTNAME`, else `localhost`, when not given),
+/// the topology's secret (the code file beside the topology file; a topology without one, as
+/// submitted before workers authenticated each other, is refused: it must be resubmitted).
 pub fn prepare(launch: WorkerLaunch, registry: &Registry) -> Result<PreparedWorker> {
     let topology = registry.load_file(&launch.topology_file)?;
+    let secret = TopologySecret::read(&launch.topology_file.with_file_name(CodeFile::Secret.file_name()))?;
     let session = launch.session_options();
     let args = WorkerArgs {
         topology_id: launch.topology_id,
@@ -134,6 +139,7 @@ pub fn prepare(launch: WorkerLaunch, registry: &Registry) -> Result<PreparedWork
             .or_else(|| std::env::var("HOSTNAME").ok())
             .unwrap_or_else(|| "localhost".to_owned()),
         session,
+        secret,
     };
     let config = WorkerConfig { bind_host: launch.bind_host, ..WorkerConfig::default() };
     Ok(PreparedWorker { args, config, topology, paths: launch.storm_paths })

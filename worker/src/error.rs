@@ -55,6 +55,17 @@ pub enum Error {
     /// A frame from a peer worker could not be decoded.
     #[error("frame from {peer}: {reason}")]
     BadFrame { peer: String, reason: String },
+    /// An envelope cannot be put on the wire: a count or length does not fit its field, or
+    /// the envelope alone is larger than a frame may be. It is dropped; acking replays it.
+    #[error("envelope for task {task} cannot be sent: {reason}")]
+    Unencodable { task: u32, reason: String },
+    /// A peer connection failed the handshake: wrong protocol, topology or secret, or too slow.
+    #[error("peer {peer} refused: {reason}")]
+    Handshake { peer: String, reason: String },
+    /// The topology's secret (the code file peers authenticate each other with) is missing
+    /// or unusable.
+    #[error("topology secret {}: {reason}", path.display())]
+    Secret { path: PathBuf, reason: String },
     /// A socket or file operation failed.
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },

@@ -63,6 +63,7 @@ pub mod layout;
 pub mod metrics;
 pub mod process;
 pub mod runtime;
+mod static_worker;
 pub mod stats;
 pub mod topology;
 pub mod transport;

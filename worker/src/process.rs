@@ -19,7 +19,7 @@ use cluster_state::clock::now_secs;
 use cluster_state::coord::{
     CreateMode, Ensemble, Error as CoordError, Session, SessionOptions, SessionState, Watch, WatchEvent,
 };
-use cluster_state::ids::{ComponentId, ExecutorId, SupervisorId, TaskId, TopologyId, WorkerSlot};
+use cluster_state::ids::{ComponentId, ExecutorId, SupervisorId, TopologyId, WorkerSlot};
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{
     Assignment, ErrorInfo, LocalWorkerHeartbeat, StormBase, TopologyStatus, WorkerHeartbeat, ZnodeData,
@@ -27,12 +27,13 @@ use cluster_state::znode::{
 use prometheus::{IntCounter, Registry as MetricsRegistry};
 use tokio_util::sync::CancellationToken;
 
-use crate::collector::{Batch, ErrorReport};
+use crate::collector::ErrorReport;
 use crate::error::{Error, Result};
-use crate::layout::{PlanError, TaskLayout, WorkerPlan, plan_worker};
-use crate::runtime::{RuntimeParts, WorkerRuntime};
+use crate::layout::{PlanError, TaskLayout, plan_worker};
+use crate::runtime::WorkerRuntime;
+pub use crate::static_worker::{StaticWorker, TransportOptions};
 use crate::topology::Topology;
-use crate::transport::{PeerReceiver, PeerSender, TransportStats};
+use crate::transport::{DEFAULT_MAX_CONNECTIONS, TopologySecret, TransportStats};
 
 /// Process-level worker settings with Storm's defaults (defaults.yaml). No config file or flag
 /// sets them: the worker binary takes the defaults (`bind_host` aside, which its launch gives),
@@ -54,6 +55,10 @@ pub struct WorkerConfig {
     pub bind_host: String,
     /// Errors kept per component under `/storm/errors` (Storm keeps 10).
     pub errors_kept: usize,
+    /// Peer connections the worker's port keeps open at once; more are closed as they arrive
+    /// (counted in `squall_worker_transport_connections_refused_total`). A worker has one
+    /// connection from each peer worker of its topology, so the default, 256, is generous.
+    pub max_peer_connections: usize,
 }
 
 impl Default for WorkerConfig {
@@ -65,6 +70,7 @@ impl Default for WorkerConfig {
             shutdown_drain_ms: 3000,
             bind_host: "0.0.0.0".into(),
             errors_kept: 10,
+            max_peer_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -83,6 +89,9 @@ pub struct WorkerArgs {
     /// How to open the ZooKeeper session: the cluster's `storm.zookeeper.session.timeout` and
     /// `storm.zookeeper.connection.timeout`, as the launch gives them.
     pub session: SessionOptions,
+    /// The topology's secret, which its workers authenticate each other with (read from the
+    /// code dir by `cli::prepare`).
+    pub secret: TopologySecret,
 }
 
 /// Writes the local heartbeat (cluster-state's [`LocalWorkerHeartbeat`] format) atomically:
@@ -145,7 +154,12 @@ struct Metrics {
     failed: IntCounter,
     frames_sent: IntCounter,
     batches_dropped: IntCounter,
-    last: [u64; 5],
+    envelopes_unsendable: IntCounter,
+    handshakes_failed: IntCounter,
+    connections_refused: IntCounter,
+    accept_errors: IntCounter,
+    connections: prometheus::IntGauge,
+    last: [u64; 9],
 }
 
 impl Metrics {
@@ -164,7 +178,31 @@ impl Metrics {
                 "squall_worker_batches_dropped_total",
                 "Batches dropped for unreachable peers",
             )?,
-            last: [0; 5],
+            envelopes_unsendable: c(
+                "squall_worker_envelopes_unsendable_total",
+                "Tuples and acks dropped because they cannot be sent to a peer (larger than a frame may be)",
+            )?,
+            handshakes_failed: c(
+                "squall_worker_transport_handshakes_failed_total",
+                "Inbound peer connections closed for failing the handshake (wrong topology or secret, or too slow)",
+            )?,
+            connections_refused: c(
+                "squall_worker_transport_connections_refused_total",
+                "Inbound peer connections closed at once because the connection limit was reached",
+            )?,
+            accept_errors: c(
+                "squall_worker_transport_accept_errors_total",
+                "Failed accepts on the worker's port (out of file descriptors, say)",
+            )?,
+            connections: {
+                let g = prometheus::IntGauge::new(
+                    "squall_worker_transport_connections",
+                    "Inbound peer connections open (authenticated or in their handshake)",
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
+            last: [0; 9],
         })
     }
 
@@ -177,12 +215,28 @@ impl Metrics {
             sum(|s| s.failed.load(Ordering::Relaxed)),
             transport.frames_sent.load(Ordering::Relaxed),
             transport.batches_dropped.load(Ordering::Relaxed),
+            transport.envelopes_unsendable.load(Ordering::Relaxed),
+            transport.handshakes_failed.load(Ordering::Relaxed),
+            transport.connections_refused.load(Ordering::Relaxed),
+            transport.accept_errors.load(Ordering::Relaxed),
         ];
-        let counters = [&self.emitted, &self.acked, &self.failed, &self.frames_sent, &self.batches_dropped];
+        let counters = [
+            &self.emitted,
+            &self.acked,
+            &self.failed,
+            &self.frames_sent,
+            &self.batches_dropped,
+            &self.envelopes_unsendable,
+            &self.handshakes_failed,
+            &self.connections_refused,
+            &self.accept_errors,
+        ];
         for (i, c) in counters.iter().enumerate() {
             c.inc_by(now[i].saturating_sub(self.last[i]));
         }
         self.last = now;
+        self.connections
+            .set(i64::try_from(transport.connections.load(Ordering::Relaxed)).unwrap_or(i64::MAX));
     }
 }
 
@@ -192,139 +246,6 @@ async fn fired(w: &mut Option<Watch>) -> WatchEvent {
         Some(w) => w.await,
         None => std::future::pending().await,
     }
-}
-
-/// Where remote tasks go: task -> index into the peer queues, and the queues.
-type RemoteRoutes = (BTreeMap<TaskId, usize>, Vec<crossbeam_channel::Sender<Batch>>);
-
-/// The peer connections and the routes they imply.
-#[derive(Debug)]
-struct Peers {
-    senders: BTreeMap<(WorkerSlot, String), PeerSender>,
-}
-
-impl Peers {
-    /// Starts senders for new peers, stops those no longer needed, returns the routes.
-    fn reconcile(
-        &mut self,
-        plan: &WorkerPlan,
-        topology_id: &TopologyId,
-        stats: &Arc<TransportStats>,
-    ) -> Result<RemoteRoutes> {
-        let wanted: BTreeMap<(WorkerSlot, String), ()> =
-            plan.peers.iter().map(|(s, h)| ((s.clone(), h.clone()), ())).collect();
-        let stale: Vec<(WorkerSlot, String)> =
-            self.senders.keys().filter(|k| !wanted.contains_key(*k)).cloned().collect();
-        for k in stale {
-            if let Some(s) = self.senders.remove(&k) {
-                s.stop();
-            }
-        }
-        for key in wanted.keys() {
-            if !self.senders.contains_key(key) {
-                let sender =
-                    PeerSender::start(key.1.clone(), key.0.port, topology_id.to_string(), stats.clone())?;
-                self.senders.insert(key.clone(), sender);
-            }
-        }
-        let index: BTreeMap<WorkerSlot, usize> =
-            self.senders.keys().enumerate().map(|(i, (s, _))| (s.clone(), i)).collect();
-        let dests = self.senders.values().map(|s| s.tx.clone()).collect();
-        let remote = plan.remote_tasks.iter().filter_map(|(t, s)| index.get(s).map(|i| (*t, *i))).collect();
-        Ok((remote, dests))
-    }
-
-    fn stop(self) {
-        for (_, s) in self.senders {
-            s.stop();
-        }
-    }
-}
-
-/// One worker's executors and connections for a given plan, without ZooKeeper: what [`run`]
-/// drives, and what benchmarks and embedders can use with an assignment of their own.
-#[derive(Debug)]
-pub struct StaticWorker {
-    /// The executors.
-    pub runtime: WorkerRuntime,
-    /// Transport counters.
-    pub transport: Arc<TransportStats>,
-    plan: WorkerPlan,
-    peers: Peers,
-    receiver: PeerReceiver,
-}
-
-impl StaticWorker {
-    /// Starts the executors of `plan` (inactive), connects to its peers and listens on the
-    /// slot's port (`bind_host`). `port` comes from the plan's slot.
-    pub fn start(
-        topology: Arc<Topology>,
-        layout: Arc<TaskLayout>,
-        plan: WorkerPlan,
-        topology_id: &TopologyId,
-        bind_host: &str,
-        errors: Option<tokio::sync::mpsc::Sender<ErrorReport>>,
-    ) -> Result<Self> {
-        let transport = Arc::new(TransportStats::default());
-        let mut peers = Peers { senders: BTreeMap::new() };
-        let (remote_tasks, remote_dests) = peers.reconcile(&plan, topology_id, &transport)?;
-        let local = Arc::new(plan.local_tasks.clone());
-        let runtime = WorkerRuntime::start(RuntimeParts {
-            topology,
-            layout,
-            executors: plan.local_executors.iter().map(|e| (*e, local.clone())).collect(),
-            remote_tasks,
-            remote_dests,
-            errors,
-            start_active: false,
-        })?;
-        let receiver = PeerReceiver::start(
-            bind_host,
-            plan.slot.port,
-            topology_id.to_string(),
-            runtime.table.clone(),
-            Arc::new(runtime.inboxes.clone()),
-            transport.clone(),
-        )?;
-        Ok(StaticWorker { runtime, transport, plan, peers, receiver })
-    }
-
-    /// The address the worker listens on.
-    pub fn local_addr(&self) -> std::net::SocketAddr {
-        self.receiver.local_addr()
-    }
-
-    /// Whether a connection to and from every peer is up.
-    pub fn peers_connected(&self) -> bool {
-        let n = self.plan.peers.len() as u64;
-        self.transport.connects.load(Ordering::Relaxed) >= n
-            && self.transport.accepted.load(Ordering::Relaxed) >= n
-    }
-
-    /// Applies a new plan with the same local executors: peers are reconnected and routes
-    /// replaced.
-    pub fn update(&mut self, plan: WorkerPlan, topology_id: &TopologyId) -> Result<()> {
-        let (remote, dests) = self.peers.reconcile(&plan, topology_id, &self.transport)?;
-        self.runtime.set_remote(&remote, &dests);
-        if tasks_moved(&self.plan, &plan) {
-            self.runtime.tasks_moved();
-        }
-        self.plan = plan;
-        Ok(())
-    }
-
-    /// Graceful stop: drain up to `drain`, stop executors, flush peers, stop listening.
-    pub fn shutdown(self, drain: Duration) {
-        self.runtime.shutdown(drain);
-        self.peers.stop();
-        self.receiver.stop();
-    }
-}
-
-/// Whether a task that ran on another worker under `old` runs elsewhere (or nowhere) under
-/// `new`: its old worker is gone or restarts, so trees that passed through it are lost.
-fn tasks_moved(old: &WorkerPlan, new: &WorkerPlan) -> bool {
-    old.remote_tasks.iter().any(|(task, slot)| new.remote_tasks.get(task) != Some(slot))
 }
 
 /// How often activation is re-evaluated (cheap: a few atomic loads).
@@ -473,8 +394,12 @@ async fn run_session(
     };
     let (layout, plan) = plan_of(&assignment)?;
     let (err_tx, mut err_rx) = tokio::sync::mpsc::channel::<ErrorReport>(256);
-    let mut worker =
-        StaticWorker::start(topology.clone(), layout.clone(), plan, id, &config.bind_host, Some(err_tx))?;
+    let options = TransportOptions {
+        bind_host: config.bind_host.clone(),
+        secret: args.secret.clone(),
+        max_connections: config.max_peer_connections,
+    };
+    let mut worker = StaticWorker::start(topology.clone(), layout.clone(), plan, id, options, Some(err_tx))?;
     let plan = worker.plan.clone();
     tracing::info!(topology = %id, port = args.port, addr = %worker.local_addr(), executors = plan.local_executors.len(), "worker started");
     let mut metrics = Metrics::register(metrics_registry)?;
@@ -556,7 +481,7 @@ async fn run_session(
                     Err(e) => tracing::warn!(error = %e, "cannot write the ZooKeeper heartbeat"),
                 }
             }
-            _ = refresh.tick() => reconcile = true,
+            _ = refresh.tick() => { worker.reap_peers(); reconcile = true; }
             // A status read that failed is tried again at the next check, not a refresh later.
             _ = activation.tick() => {
                 if reread_status {
@@ -584,7 +509,7 @@ async fn run_session(
                     match plan_of(&a).map(|(_, plan)| plan) {
                         Ok(new_plan) if new_plan.local_executors == plan.local_executors => {
                             if new_plan != plan {
-                                worker.update(new_plan.clone(), id)?;
+                                worker.update(new_plan.clone())?;
                                 tracing::info!(
                                     peers = new_plan.peers.len(),
                                     "assignment changed: peers reconnected"

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use worker::builtin::{SentenceParams, SentenceSpout, SplitSentence, WordCount};
 use worker::layout::TaskLayout;
 use worker::process::{WorkerArgs, WorkerConfig, read_local_heartbeat, report_error, run};
+use worker::transport::TopologySecret;
 use worker::{Bolt, BoltCollector, ComponentError, Topology, TopologyBuilder, TopologyConfig, Tuple};
 
 fn free_port() -> u16 {
@@ -53,6 +54,8 @@ struct Cluster {
     paths: StormPaths,
     id: TopologyId,
     dir: tempfile::TempDir,
+    /// What nimbus would create at submit, shared by the topology's workers.
+    secret: TopologySecret,
 }
 
 impl Cluster {
@@ -60,7 +63,14 @@ impl Cluster {
         let connect = ZkServer::shared().chroot(test).await;
         let session = Ensemble::zookeeper(connect.clone()).connect(&SessionOptions::default()).await.unwrap();
         let id = TopologyId::new(&TopologyName::new("wc").unwrap(), 1, 1_700_000_000);
-        Cluster { connect, session, paths: StormPaths::default(), id, dir: tempfile::tempdir().unwrap() }
+        Cluster {
+            connect,
+            session,
+            paths: StormPaths::default(),
+            id,
+            dir: tempfile::tempdir().unwrap(),
+            secret: TopologySecret::generate(),
+        }
     }
 
     /// Writes what nimbus would: the storm base (active) and an assignment spreading the
@@ -124,6 +134,7 @@ impl Cluster {
             local_dir: self.dir.path().to_owned(),
             hostname: "127.0.0.1".into(),
             session: SessionOptions::default(),
+            secret: self.secret.clone(),
         };
         let config = WorkerConfig {
             zk_heartbeat_frequency_secs: 1,
@@ -407,6 +418,7 @@ impl MemoryWorker {
             local_dir: dir.path().to_owned(),
             hostname: "127.0.0.1".into(),
             session: SessionOptions::default(),
+            secret: TopologySecret::generate(),
         };
         let registry = prometheus::Registry::new();
         let cancel = CancellationToken::new();
@@ -593,6 +605,8 @@ async fn a_worker_opens_its_session_with_the_launch_timeouts() {
          bolts:\n  - id: l\n    className: log\nstreams:\n  - from: s\n    to: l\n    grouping: {type: SHUFFLE}\n",
     )
     .unwrap();
+    // What the supervisor downloads beside the topology file.
+    TopologySecret::generate().write_new(&file.with_file_name("topology.secret")).unwrap();
     let mut launch = WorkerLaunch::new(
         "wc-1-1700000000".parse().unwrap(),
         "sup-1".parse().unwrap(),
@@ -622,4 +636,82 @@ async fn a_worker_opens_its_session_with_the_launch_timeouts() {
     assert_eq!(memory.session_timeout(sessions[0]), Some(Duration::from_secs(7)));
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(30), handle).await.unwrap().unwrap().unwrap();
+}
+
+/// Emits `limit` messages of 1 MB each (Kafka's default `message.max.bytes` is about that).
+struct Megabytes {
+    next: u64,
+    limit: u64,
+}
+
+impl worker::Spout for Megabytes {
+    fn declare_outputs(&self, declarer: &mut worker::OutputDeclarer) {
+        declarer.declare(worker::Fields::new(["value"]));
+    }
+
+    fn next_tuple(&mut self, out: &mut worker::SpoutCollector<'_>) -> Result<(), ComponentError> {
+        if self.next < self.limit {
+            let value = worker::Value::Bytes(vec![u8::try_from(self.next % 251).unwrap(); 1_000_000].into());
+            out.emit([value], Some(self.next))?;
+            self.next += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Acks what it gets.
+struct Sink;
+
+impl Bolt for Sink {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        out.ack(input);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn megabyte_messages_cross_between_two_workers_and_are_acked() {
+    // A batch of them is larger than a frame may be: it went as one frame, the receiver
+    // refused it with the connection, and the spout replayed and failed forever.
+    let c = Cluster::new("megabytes").await;
+    let sup = SupervisorId::new("sup-1").unwrap();
+    let slots =
+        [WorkerSlot { node: sup.clone(), port: free_port() }, WorkerSlot { node: sup, port: free_port() }];
+    let build = || {
+        let mut b = TopologyBuilder::new("wc");
+        b.config(TopologyConfig {
+            workers: 2,
+            message_timeout_secs: 30,
+            max_spout_pending: Some(200),
+            ..TopologyConfig::default()
+        });
+        b.set_spout("megabytes", 1, || Megabytes { next: 0, limit: 300 });
+        // Two sink executors: round-robin puts one on each worker, so half the messages cross.
+        b.set_bolt("sink", 2, || Sink).shuffle_grouping("megabytes");
+        b.build().unwrap()
+    };
+    let topology = build();
+    let layout = TaskLayout::compute(&topology.component_parallelism());
+    let assignment = c.submit(&topology, &slots).await;
+    let sink_slots: std::collections::BTreeSet<_> = layout
+        .executors
+        .iter()
+        .filter(|(_, comp)| comp.as_str() == "sink")
+        .map(|(e, _)| assignment.slot_of(e).unwrap())
+        .collect();
+    assert_eq!(sink_slots.len(), 2, "a sink on each worker");
+    let spout_slot = assignment
+        .slot_of(layout.executors.iter().find(|(_, c)| c.as_str() == "megabytes").map(|(e, _)| e).unwrap())
+        .unwrap();
+    let (ta, ha) = c.start(build(), &slots[0], "worker-a");
+    let (tb, hb) = c.start(build(), &slots[1], "worker-b");
+    eventually_true(Duration::from_secs(120), "300 megabyte messages acked", || async {
+        c.acked(&spout_slot, &layout, "megabytes").await >= 300
+    })
+    .await;
+    assert_eq!(c.failed(&spout_slot, &layout, "megabytes").await, 0, "none failed or replayed");
+    for (t, h) in [(ta, ha), (tb, hb)] {
+        t.cancel();
+        h.await.unwrap().unwrap();
+    }
 }

@@ -7,7 +7,6 @@ use std::io::{Read, Write};
 use bytes::{Buf, Bytes};
 use cluster_state::ids::TaskId;
 
-use super::{FRAME_LIMIT, MAGIC};
 use crate::acker::AckMsg;
 use crate::collector::{Envelope, Sent};
 use crate::error::{Error, Result};
@@ -19,67 +18,82 @@ pub(super) fn bad(peer: &str, reason: impl Into<String>) -> Error {
 }
 
 /// Appends the encoding of `batch` (count and envelopes) to `out`; the sender builds the same
-/// layout incrementally, batch by batch.
+/// layout with [`FrameBuf`].
 #[cfg(test)]
-pub(crate) fn encode_batch(batch: &[Envelope], out: &mut Vec<u8>) {
-    out.extend_from_slice(&(batch.len() as u32).to_le_bytes());
-    encode_envelopes(batch, out);
+pub(crate) fn encode_batch(batch: &[Envelope], out: &mut Vec<u8>) -> Result<()> {
+    let count = u32::try_from(batch.len()).map_err(|_| Error::Unencodable {
+        task: 0,
+        reason: format!("a batch of {} envelopes", batch.len()),
+    })?;
+    out.extend_from_slice(&count.to_le_bytes());
+    batch.iter().try_for_each(|env| encode_envelope(env, out))
 }
 
-/// Appends the envelopes alone (the caller writes the count). Fixed-size parts are assembled on
-/// the stack and appended at once: a call per field was a third of the sender thread.
-pub(super) fn encode_envelopes(batch: &[Envelope], out: &mut Vec<u8>) {
-    for env in batch {
-        match env {
-            Envelope::Tuple { task, tuple } => {
-                let anchors = tuple.anchors.as_slice();
-                let mut head = [0u8; 15];
-                head[1..5].copy_from_slice(&task.0.to_le_bytes());
-                head[5..9].copy_from_slice(&tuple.source_task.0.to_le_bytes());
-                head[9..13].copy_from_slice(&tuple.stream.to_le_bytes());
-                head[13..15].copy_from_slice(&(anchors.len() as u16).to_le_bytes());
-                out.extend_from_slice(&head);
-                for a in anchors {
-                    let mut pair = [0u8; 16];
-                    pair[..8].copy_from_slice(&a.root.to_le_bytes());
-                    pair[8..].copy_from_slice(&a.edge.to_le_bytes());
-                    out.extend_from_slice(&pair);
-                }
-                out.extend_from_slice(&(tuple.values.len() as u16).to_le_bytes());
-                for v in &tuple.values {
-                    encode_value(v, out);
-                }
+/// Appends one envelope. Fixed-size parts are assembled on the stack and appended at once: a
+/// call per field was a third of the sender thread. A count or length that does not fit its
+/// field is an error (and `out` may hold part of the envelope: the caller truncates).
+pub(super) fn encode_envelope(env: &Envelope, out: &mut Vec<u8>) -> Result<()> {
+    match env {
+        Envelope::Tuple { task, tuple } => {
+            let too_many = |what: &str, n: usize| Error::Unencodable {
+                task: task.0,
+                reason: format!("{n} {what}, the wire format allows at most {}", u16::MAX),
+            };
+            let anchors = tuple.anchors.as_slice();
+            let anchor_count =
+                u16::try_from(anchors.len()).map_err(|_| too_many("anchors", anchors.len()))?;
+            let value_count =
+                u16::try_from(tuple.values.len()).map_err(|_| too_many("values", tuple.values.len()))?;
+            let mut head = [0u8; 15];
+            head[1..5].copy_from_slice(&task.0.to_le_bytes());
+            head[5..9].copy_from_slice(&tuple.source_task.0.to_le_bytes());
+            head[9..13].copy_from_slice(&tuple.stream.to_le_bytes());
+            head[13..15].copy_from_slice(&anchor_count.to_le_bytes());
+            out.extend_from_slice(&head);
+            for a in anchors {
+                let mut pair = [0u8; 16];
+                pair[..8].copy_from_slice(&a.root.to_le_bytes());
+                pair[8..].copy_from_slice(&a.edge.to_le_bytes());
+                out.extend_from_slice(&pair);
             }
-            Envelope::Ack { task, msg } => {
-                let (kind, root, val, extra) = match *msg {
-                    AckMsg::Init { root, val, spout_task } => (0u8, root, val, spout_task.0),
-                    AckMsg::Ack { root, val } => (1, root, val, 0),
-                    AckMsg::Fail { root } => (2, root, 0, 0),
-                    AckMsg::Done { root, ok } => (3, root, 0, u32::from(ok)),
-                    // Sent only within a worker; encoded all the same, so every message has a form.
-                    AckMsg::TasksMoved => (4, 0, 0, 0),
-                };
-                let mut ack = [0u8; 26];
-                ack[0] = 1;
-                ack[1..5].copy_from_slice(&task.0.to_le_bytes());
-                ack[5] = kind;
-                ack[6..14].copy_from_slice(&root.to_le_bytes());
-                ack[14..22].copy_from_slice(&val.to_le_bytes());
-                ack[22..26].copy_from_slice(&extra.to_le_bytes());
-                out.extend_from_slice(&ack);
+            out.extend_from_slice(&value_count.to_le_bytes());
+            for (i, v) in tuple.values.iter().enumerate() {
+                encode_value(v, out).map_err(|reason| Error::Unencodable {
+                    task: task.0,
+                    reason: format!("value {i}: {reason}"),
+                })?;
             }
         }
+        Envelope::Ack { task, msg } => {
+            let (kind, root, val, extra) = match *msg {
+                AckMsg::Init { root, val, spout_task } => (0u8, root, val, spout_task.0),
+                AckMsg::Ack { root, val } => (1, root, val, 0),
+                AckMsg::Fail { root } => (2, root, 0, 0),
+                AckMsg::Done { root, ok } => (3, root, 0, u32::from(ok)),
+                // Sent only within a worker; encoded all the same, so every message has a form.
+                AckMsg::TasksMoved => (4, 0, 0, 0),
+            };
+            let mut ack = [0u8; 26];
+            ack[0] = 1;
+            ack[1..5].copy_from_slice(&task.0.to_le_bytes());
+            ack[5] = kind;
+            ack[6..14].copy_from_slice(&root.to_le_bytes());
+            ack[14..22].copy_from_slice(&val.to_le_bytes());
+            ack[22..26].copy_from_slice(&extra.to_le_bytes());
+            out.extend_from_slice(&ack);
+        }
     }
+    Ok(())
 }
 
-pub(super) fn encode_value(v: &Value, out: &mut Vec<u8>) {
+fn encode_value(v: &Value, out: &mut Vec<u8>) -> std::result::Result<(), String> {
     let mut fixed = [0u8; 9];
     let (tag, payload): (u8, &[u8]) = match v {
         Value::Null => (0, &[]),
         Value::Bool(b) => {
             fixed[1] = u8::from(*b);
             out.extend_from_slice(&[1, fixed[1]]);
-            return;
+            return Ok(());
         }
         Value::Int(i) => {
             fixed[1..].copy_from_slice(&i.to_le_bytes());
@@ -97,10 +111,100 @@ pub(super) fn encode_value(v: &Value, out: &mut Vec<u8>) {
         0 => out.push(0),
         2 | 3 => out.extend_from_slice(&fixed),
         _ => {
-            fixed[1..5].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+            let len = u32::try_from(payload.len()).map_err(|_| {
+                format!("{} bytes, the wire format allows at most {}", payload.len(), u32::MAX)
+            })?;
+            fixed[1..5].copy_from_slice(&len.to_le_bytes());
             out.extend_from_slice(&fixed[..5]);
             out.extend_from_slice(payload);
         }
+    }
+    Ok(())
+}
+
+/// Why [`FrameBuf::push`] failed.
+#[derive(Debug)]
+pub(super) enum PushError {
+    /// The envelope cannot be sent (dropped; the frame is as before).
+    Envelope(Error),
+    /// Writing a finished frame failed (the frame is cleared).
+    Io(std::io::Error),
+}
+
+/// One frame being built: length, count, envelopes. Frames are cut by envelopes and by bytes:
+/// a frame is written once it holds `max_envelopes` envelopes or `target_bytes` of payload,
+/// and never exceeds `limit` bytes of payload (the receiver's limit), so a batch larger than
+/// that is split between envelopes; an envelope that alone exceeds it is refused.
+#[derive(Debug)]
+pub(super) struct FrameBuf {
+    buf: Vec<u8>,
+    count: usize,
+    max_envelopes: usize,
+    target_bytes: usize,
+    limit: usize,
+}
+
+impl FrameBuf {
+    pub(super) fn new(max_envelopes: usize, target_bytes: usize, limit: usize) -> Self {
+        let mut buf = Vec::with_capacity(target_bytes.min(limit) + 4096);
+        buf.extend_from_slice(&[0; 8]);
+        FrameBuf { buf, count: 0, max_envelopes, target_bytes, limit }
+    }
+
+    /// Appends `env`; frames that are complete go to `write`, header and all.
+    pub(super) fn push(
+        &mut self,
+        env: &Envelope,
+        write: &mut impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> std::result::Result<(), PushError> {
+        let mark = self.buf.len();
+        if let Err(e) = encode_envelope(env, &mut self.buf) {
+            self.buf.truncate(mark);
+            return Err(PushError::Envelope(e));
+        }
+        let size = self.buf.len() - mark;
+        // The payload of a frame holding this envelope alone: count and envelope.
+        if 4 + size > self.limit {
+            self.buf.truncate(mark);
+            return Err(PushError::Envelope(Error::Unencodable {
+                task: env.task().0,
+                reason: format!("{size} bytes encoded, over the frame limit of {} bytes", self.limit),
+            }));
+        }
+        if self.buf.len() - 4 > self.limit {
+            // The frame so far goes first; this envelope starts the next one.
+            let tail = self.buf.split_off(mark);
+            let written = self.flush(write);
+            self.buf.extend_from_slice(&tail);
+            self.count = 1;
+            written.map_err(PushError::Io)?;
+        } else {
+            self.count += 1;
+        }
+        if self.count >= self.max_envelopes || self.buf.len() - 8 >= self.target_bytes {
+            self.flush(write).map_err(PushError::Io)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the frame if it holds anything, and starts the next one.
+    pub(super) fn flush(
+        &mut self,
+        write: &mut impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        if self.count == 0 {
+            return Ok(());
+        }
+        // Both fit: the payload is at most `limit` (a u32 by construction of the caller's
+        // limit), and the count is below the payload's length.
+        let len = u32::try_from(self.buf.len() - 4).unwrap_or(u32::MAX);
+        let count = u32::try_from(self.count).unwrap_or(u32::MAX);
+        self.buf[..4].copy_from_slice(&len.to_be_bytes());
+        self.buf[4..8].copy_from_slice(&count.to_le_bytes());
+        let written = write(&self.buf);
+        self.buf.truncate(8);
+        self.count = 0;
+        written
     }
 }
 
@@ -212,19 +316,16 @@ pub(crate) fn decode_each(
     Ok(())
 }
 
-pub(super) fn hello(topology_id: &str) -> Vec<u8> {
-    let mut v = Vec::with_capacity(8 + topology_id.len());
-    v.extend_from_slice(MAGIC);
-    v.extend_from_slice(topology_id.as_bytes());
-    v
-}
-
 pub(super) fn write_frame(w: &mut impl Write, payload: &[u8]) -> std::io::Result<()> {
-    w.write_all(&(payload.len() as u32).to_be_bytes())?;
+    let len = u32::try_from(payload.len())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "frame over 4 GiB"))?;
+    w.write_all(&len.to_be_bytes())?;
     w.write_all(payload)
 }
 
-pub(super) fn read_frame(r: &mut impl Read, peer: &str) -> Result<Option<Bytes>> {
+/// Reads one frame of at most `limit` bytes: `None` at a clean end of the stream. The buffer
+/// grows as bytes arrive (a header alone allocates nothing near its announced length).
+pub(super) fn read_frame(r: &mut impl Read, peer: &str, limit: usize) -> Result<Option<Bytes>> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len) {
         Ok(()) => {}
@@ -232,10 +333,16 @@ pub(super) fn read_frame(r: &mut impl Read, peer: &str) -> Result<Option<Bytes>>
         Err(e) => return Err(Error::io(format!("read from {peer}"), e)),
     }
     let len = u32::from_be_bytes(len) as usize;
-    if len > FRAME_LIMIT {
-        return Err(bad(peer, format!("frame of {len} bytes exceeds the limit")));
+    if len > limit {
+        return Err(bad(peer, format!("frame of {len} bytes exceeds the limit of {limit} bytes")));
     }
-    let mut buf = vec![0u8; len];
-    r.read_exact(&mut buf).map_err(|e| Error::io(format!("read from {peer}"), e))?;
+    let mut buf = Vec::with_capacity(len.min(READ_CHUNK));
+    r.take(len as u64).read_to_end(&mut buf).map_err(|e| Error::io(format!("read from {peer}"), e))?;
+    if buf.len() < len {
+        return Err(bad(peer, format!("connection ended inside a frame ({} of {len} bytes)", buf.len())));
+    }
     Ok(Some(Bytes::from(buf)))
 }
+
+/// What a frame buffer starts at; it grows (doubling) only as bytes arrive.
+const READ_CHUNK: usize = 64 * 1024;

@@ -1,10 +1,11 @@
 //! The inter-worker transport: length-delimited, batched frames over TCP, one connection per
-//! peer, and a receiver that dispatches by task id.
+//! peer, authenticated with the topology's secret, and a receiver that dispatches by task id.
 //!
-//! Frame: `u32` big-endian payload length, then the payload. The first frame on a connection
-//! is the hello (`SQL1` and the topology id); a receiver drops connections from other
-//! topologies (a stale worker on a reused port). Every later frame is a batch: `u32` count,
-//! then envelopes:
+//! Frame: `u32` big-endian payload length, then the payload. A connection opens with a
+//! handshake (`auth.rs`): the sender's hello (`SQL2`, a nonce, the topology id), then each side
+//! proves it holds the topology's secret over the other's nonce (HMAC-SHA256); a connection
+//! that fails it, or has not completed it within [`HANDSHAKE_TIMEOUT`](auth::HANDSHAKE_TIMEOUT),
+//! is closed and counted. Every later frame is a batch: `u32` count, then envelopes:
 //!
 //! ```text
 //! tuple: 0u8, task u32, source task u32, stream index u32, anchors u16 x (root u64, edge u64),
@@ -17,44 +18,47 @@
 //! because they come from the topology definition alone.
 //!
 //! Senders are threads: each peer has a bounded queue of batches; its thread coalesces them into
-//! frames of up to [`MAX_FRAME_ENVELOPES`]. While a peer does not answer, its batches are held
-//! (bounded in envelopes and to `HOLD_MAX`) for when it does, then dropped (acking replays them);
-//! the thread reconnects with backoff, so one dead worker does not stall the rest. The wire
-//! format lives in `codec.rs`.
+//! frames of up to [`MAX_FRAME_ENVELOPES`] envelopes or [`FRAME_TARGET_BYTES`], never over
+//! [`FRAME_LIMIT`] (a larger batch is split between envelopes; an envelope larger than that
+//! alone is dropped and counted). While a peer does not answer, its batches are held (bounded
+//! in envelopes and to `HOLD_MAX`) for when it does, then dropped (acking replays them); the
+//! thread reconnects with backoff, so one dead worker does not stall the rest.
+//!
+//! The receiver accepts at most a configured number of connections at once (a worker has few
+//! peers; more are closed at once and counted), reads each with a thread of its own whose
+//! buffer grows only as bytes arrive, and forgets a connection when its thread ends.
+//!
+//! Layout: `codec.rs` (the wire format, [`FrameBuf`](codec::FrameBuf)), `auth.rs` (secret and
+//! handshake), `send.rs` (`PeerSender`), `receive.rs` (`PeerReceiver`).
 
-use std::collections::BTreeMap;
-use std::io::Write;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use cluster_state::ids::TaskId;
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-
-use crate::collector::Batch;
-use crate::error::{Error, Result};
-use crate::executor::StreamTable;
-
+mod auth;
 mod codec;
+mod receive;
+mod send;
 
-use codec::{bad, decode_each, encode_envelopes, hello, read_frame, write_frame};
+pub use auth::{SECRET_BYTES, TopologySecret};
 #[cfg(test)]
-use codec::{decode_batch, encode_batch};
+use receive::Dispatch;
+pub(crate) use receive::{PeerReceiver, ReceiverSetup};
+pub(crate) use send::{PeerAddr, PeerSender};
 
-const MAGIC: &[u8; 4] = b"SQL1";
-/// Initial capacity of a sender's frame buffer.
-pub const MAX_FRAME_BYTES: usize = 256 * 1024;
+/// A sender writes a frame once it holds this many bytes of payload (or
+/// [`MAX_FRAME_ENVELOPES`] envelopes, or the queue is empty).
+pub const FRAME_TARGET_BYTES: usize = 1024 * 1024;
 /// A sender coalesces queued batches into one frame up to this many envelopes.
 pub const MAX_FRAME_ENVELOPES: usize = 4096;
-/// Frames above this are refused as corrupt.
-const FRAME_LIMIT: usize = 64 * 1024 * 1024;
+/// The largest frame payload: a receiver refuses larger frames as corrupt, and a sender never
+/// writes one (an envelope larger than this alone cannot be sent).
+pub const FRAME_LIMIT: usize = 64 * 1024 * 1024;
 /// Batches a peer's send queue holds before executors block on it.
 const PEER_QUEUE_BATCHES: usize = 1024;
-const RECONNECT_MIN: Duration = Duration::from_millis(50);
-const RECONNECT_MAX: Duration = Duration::from_secs(1);
-const POLL: Duration = Duration::from_millis(50);
+/// A peer that takes none of our bytes for this long is treated as gone (the connection is
+/// dropped, then re-established): by then every tuple of the frame has timed out under Storm's
+/// default `topology.message.timeout.secs` (30).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Batches for a peer that does not answer yet (a worker just assigned, still starting) are
 /// held and delivered once it does, so their trees complete instead of waiting for the message
 /// timeout (and with them a Kafka partition's drained hand-off). Bounded in envelopes and in
@@ -62,361 +66,46 @@ const POLL: Duration = Duration::from_millis(50);
 /// trees fail at once when the assignment moves its tasks, or by timeout).
 const HOLD_MAX_ENVELOPES: usize = 16_384;
 const HOLD_MAX: Duration = Duration::from_secs(10);
+/// Peer connections a worker keeps open at once by default (`WorkerConfig::max_peer_connections`):
+/// a worker has one connection from each peer worker of its topology.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+
+/// Opens a connection to a worker's port as its peer would: the handshake as `topology_id`
+/// with `secret`. For tools and tests (the soak benchmark, a probe); workers connect through
+/// their senders.
+pub fn connect_as_peer(
+    addr: std::net::SocketAddr,
+    topology_id: &str,
+    secret: &TopologySecret,
+) -> crate::Result<std::net::TcpStream> {
+    let peer = addr.to_string();
+    let mut s = std::net::TcpStream::connect_timeout(&addr, auth::HANDSHAKE_TIMEOUT)
+        .map_err(|e| crate::Error::io(format!("connect to {peer}"), e))?;
+    auth::client(&mut s, topology_id, secret, &peer)?;
+    Ok(s)
+}
 
 /// Counters of the transport, for metrics and tests.
 #[derive(Debug, Default)]
 pub struct TransportStats {
     pub frames_sent: AtomicU64,
     pub batches_dropped: AtomicU64,
+    /// Envelopes dropped because they cannot be sent (larger than a frame may be, or a count
+    /// beyond its field).
+    pub envelopes_unsendable: AtomicU64,
     pub connects: AtomicU64,
     pub frames_received: AtomicU64,
-    /// Peer connections accepted (with a valid hello).
+    /// Peer connections accepted (that completed the handshake).
     pub accepted: AtomicU64,
-}
-
-/// The connection to one peer worker: a queue and the thread draining it.
-#[derive(Debug)]
-pub(crate) struct PeerSender {
-    pub(crate) tx: Sender<Batch>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl PeerSender {
-    /// Starts the thread for the peer at `host:port`.
-    pub(crate) fn start(
-        host: String,
-        port: u16,
-        topology_id: String,
-        stats: Arc<TransportStats>,
-    ) -> Result<Self> {
-        let (tx, rx) = crossbeam_channel::bounded(PEER_QUEUE_BATCHES);
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("send-{host}:{port}"))
-            .spawn(move || send_loop(&host, port, &topology_id, &rx, &s, &stats))
-            .map_err(|e| Error::io("start peer sender thread", e))?;
-        Ok(PeerSender { tx, stop, thread: Some(thread) })
-    }
-
-    /// Flushes what is queued (if connected) and stops the thread.
-    pub(crate) fn stop(mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for PeerSender {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-fn connect(host: &str, port: u16) -> std::io::Result<TcpStream> {
-    let addrs: Vec<SocketAddr> = (host, port).to_socket_addrs()?.collect();
-    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, Duration::from_secs(2)) {
-            Ok(s) => {
-                s.set_nodelay(true)?;
-                return Ok(s);
-            }
-            Err(e) => last = e,
-        }
-    }
-    Err(last)
-}
-
-fn send_loop(
-    host: &str,
-    port: u16,
-    topology_id: &str,
-    rx: &Receiver<Batch>,
-    stop: &AtomicBool,
-    stats: &TransportStats,
-) {
-    // Frames are built whole in `frame`, so the stream is written unbuffered (one copy less).
-    let mut conn: Option<TcpStream> = None;
-    let mut backoff = RECONNECT_MIN;
-    let mut next_attempt = std::time::Instant::now();
-    let mut frame: Vec<u8> = Vec::with_capacity(MAX_FRAME_BYTES + 4096);
-    let mut held = Held::default();
-    // Unreachable since when (a new peer counts from its start).
-    let mut unreachable_since = Some(std::time::Instant::now());
-    loop {
-        if conn.is_none() && std::time::Instant::now() >= next_attempt {
-            match connect(host, port).and_then(|mut s| {
-                write_frame(&mut s, &hello(topology_id))?;
-                Ok(s)
-            }) {
-                Ok(w) => {
-                    tracing::info!(peer = %format!("{host}:{port}"), "connected to peer worker");
-                    stats.connects.fetch_add(1, Ordering::Relaxed);
-                    conn = Some(w);
-                    backoff = RECONNECT_MIN;
-                    unreachable_since = None;
-                }
-                Err(e) => {
-                    tracing::debug!(peer = %format!("{host}:{port}"), error = %e, "peer worker unreachable");
-                    next_attempt = std::time::Instant::now() + backoff;
-                    backoff = (backoff * 2).min(RECONNECT_MAX);
-                }
-            }
-        }
-        if unreachable_since.is_some_and(|since| since.elapsed() >= HOLD_MAX) {
-            let dropped = held.clear();
-            stats.batches_dropped.fetch_add(dropped, Ordering::Relaxed);
-        }
-        let first = match held.take_if(conn.is_some()) {
-            Some(b) => b,
-            None => match rx.recv_timeout(POLL) {
-                Ok(b) => b,
-                Err(RecvTimeoutError::Timeout) => {
-                    if stop.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => return,
-            },
-        };
-        let Some(w) = conn.as_mut() else {
-            let holding = unreachable_since.is_some_and(|since| since.elapsed() < HOLD_MAX);
-            if !(holding && held.push(first)) {
-                stats.batches_dropped.fetch_add(1, Ordering::Relaxed);
-            }
-            continue;
-        };
-        // Coalesce queued batches into one frame: length, one count, all envelopes. Each batch
-        // is encoded as it is taken, and both header fields are patched at the end.
-        frame.clear();
-        frame.extend_from_slice(&[0; 8]);
-        let mut count = first.len();
-        encode_envelopes(&first, &mut frame);
-        drop(first);
-        while count < MAX_FRAME_ENVELOPES {
-            // Held batches first, so a peer gets its batches in the order they were sent.
-            let Some(more) = held.take_if(true).or_else(|| rx.try_recv().ok()) else { break };
-            count += more.len();
-            encode_envelopes(&more, &mut frame);
-        }
-        let len = (frame.len() - 4) as u32;
-        frame[..4].copy_from_slice(&len.to_be_bytes());
-        frame[4..8].copy_from_slice(&(count as u32).to_le_bytes());
-        let ok = w.write_all(&frame);
-        match ok {
-            Ok(()) => {
-                stats.frames_sent.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => {
-                tracing::warn!(peer = %format!("{host}:{port}"), error = %e, "lost connection to peer worker");
-                stats.batches_dropped.fetch_add(1, Ordering::Relaxed);
-                conn = None;
-                next_attempt = std::time::Instant::now();
-                unreachable_since = Some(std::time::Instant::now());
-            }
-        }
-        if stop.load(Ordering::Relaxed) && rx.is_empty() {
-            return;
-        }
-    }
-}
-
-/// Batches held for a peer that does not answer yet, oldest first, at most
-/// [`HOLD_MAX_ENVELOPES`] envelopes.
-#[derive(Debug, Default)]
-struct Held {
-    batches: std::collections::VecDeque<Batch>,
-    envelopes: usize,
-}
-
-impl Held {
-    /// Holds `batch` if there is room; says whether it did.
-    fn push(&mut self, batch: Batch) -> bool {
-        if self.envelopes + batch.len() > HOLD_MAX_ENVELOPES {
-            return false;
-        }
-        self.envelopes += batch.len();
-        self.batches.push_back(batch);
-        true
-    }
-
-    /// The oldest held batch, when `connected`.
-    fn take_if(&mut self, connected: bool) -> Option<Batch> {
-        if !connected {
-            return None;
-        }
-        let batch = self.batches.pop_front()?;
-        self.envelopes -= batch.len();
-        Some(batch)
-    }
-
-    /// Drops everything held; returns how many batches.
-    fn clear(&mut self) -> u64 {
-        self.envelopes = 0;
-        std::mem::take(&mut self.batches).len() as u64
-    }
-}
-
-/// Accepts peer connections on the worker's port and dispatches received envelopes to the
-/// local executors' inboxes.
-#[derive(Debug)]
-pub(crate) struct PeerReceiver {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<TcpStream>>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-/// Where received envelopes go: the inbox of each local task.
-pub(crate) type Dispatch = Arc<BTreeMap<TaskId, Sender<Batch>>>;
-
-impl PeerReceiver {
-    /// Binds `bind:port` and starts accepting.
-    pub(crate) fn start(
-        bind: &str,
-        port: u16,
-        topology_id: String,
-        table: Arc<StreamTable>,
-        dispatch: Dispatch,
-        stats: Arc<TransportStats>,
-    ) -> Result<Self> {
-        let listener =
-            TcpListener::bind((bind, port)).map_err(|e| Error::io(format!("bind {bind}:{port}"), e))?;
-        let addr = listener.local_addr().map_err(|e| Error::io("local address", e))?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
-        let (s, c) = (stop.clone(), conns.clone());
-        let thread = std::thread::Builder::new()
-            .name(format!("accept-{port}"))
-            .spawn(move || {
-                for stream in listener.incoming() {
-                    if s.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    let Ok(stream) = stream else { continue };
-                    if let Ok(clone) = stream.try_clone()
-                        && let Ok(mut g) = c.lock()
-                    {
-                        g.retain(|s| s.peer_addr().is_ok());
-                        g.push(clone);
-                    }
-                    let (t, table, dispatch, stats) =
-                        (topology_id.clone(), table.clone(), dispatch.clone(), stats.clone());
-                    let peer = stream.peer_addr().map_or_else(|_| "?".to_owned(), |a| a.to_string());
-                    let spawned = std::thread::Builder::new().name(format!("recv-{peer}")).spawn(move || {
-                        // Closed on an error: the accept loop keeps a handle for shutdown, so
-                        // dropping this one alone would leave the peer writing into a dead socket.
-                        let closer = stream.try_clone();
-                        if let Err(e) = receive_loop(stream, &peer, &t, &table, &dispatch, &stats) {
-                            tracing::warn!(%peer, error = %e, "peer connection closed");
-                            if let Ok(c) = closer {
-                                let _ = c.shutdown(Shutdown::Both);
-                            }
-                        }
-                    });
-                    if let Err(e) = spawned {
-                        tracing::error!(error = %e, "cannot start a receiver thread");
-                    }
-                }
-            })
-            .map_err(|e| Error::io("start accept thread", e))?;
-        Ok(PeerReceiver { addr, stop, conns, thread: Some(thread) })
-    }
-
-    /// The bound address.
-    pub(crate) fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Stops accepting and closes every connection.
-    pub(crate) fn stop(mut self) {
-        self.shutdown();
-    }
-
-    fn shutdown(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        // Wake the blocking accept with a connection of our own.
-        let wake = if self.addr.ip().is_unspecified() {
-            SocketAddr::from(([127, 0, 0, 1], self.addr.port()))
-        } else {
-            self.addr
-        };
-        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
-        if let Ok(g) = self.conns.lock() {
-            for s in g.iter() {
-                let _ = s.shutdown(Shutdown::Both);
-            }
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for PeerReceiver {
-    fn drop(&mut self) {
-        if self.thread.is_some() {
-            self.shutdown();
-        }
-    }
-}
-
-fn receive_loop(
-    stream: TcpStream,
-    peer: &str,
-    topology_id: &str,
-    table: &StreamTable,
-    dispatch: &BTreeMap<TaskId, Sender<Batch>>,
-    stats: &TransportStats,
-) -> Result<()> {
-    // Frames are read whole (header, then body) straight from the socket: no buffer copy.
-    let mut r = stream;
-    let Some(h) = read_frame(&mut r, peer)? else { return Ok(()) };
-    if h[..] != hello(topology_id)[..] {
-        return Err(bad(peer, "hello from another topology or protocol"));
-    }
-    stats.accepted.fetch_add(1, Ordering::Relaxed);
-    // One batch per destination inbox, and each task's batch by index (tasks are small dense
-    // integers), so an envelope goes to its batch as it is decoded.
-    let mut groups: Vec<(Sender<Batch>, Batch)> = Vec::new();
-    let mut group_of_task: Vec<u32> = Vec::new();
-    for (task, tx) in dispatch.iter() {
-        let group = match groups.iter().position(|(t, _)| t.same_channel(tx)) {
-            Some(g) => g,
-            None => {
-                groups.push((tx.clone(), Vec::new()));
-                groups.len() - 1
-            }
-        };
-        let task = task.0 as usize;
-        if group_of_task.len() <= task {
-            group_of_task.resize(task + 1, u32::MAX);
-        }
-        group_of_task[task] = group as u32;
-    }
-    while let Some(frame) = read_frame(&mut r, peer)? {
-        stats.frames_received.fetch_add(1, Ordering::Relaxed);
-        let decoded = decode_each(frame, table, peer, |env| {
-            let group = group_of_task.get(env.task().0 as usize).copied().unwrap_or(u32::MAX);
-            if let Some((_, batch)) = groups.get_mut(group as usize) {
-                batch.push(env);
-            }
-        });
-        // A corrupt frame is dropped whole, with the connection (acking replays what it held).
-        decoded?;
-        for (tx, batch) in &mut groups {
-            if !batch.is_empty() {
-                let cap = batch.len();
-                // Blocks when a bolt's queue is full: backpressure reaches the peer through TCP.
-                let _ = tx.send(std::mem::replace(batch, Vec::with_capacity(cap)));
-            }
-        }
-    }
-    Ok(())
+    /// Inbound connections closed for failing the handshake (wrong protocol, topology or
+    /// secret, or not done within the deadline).
+    pub handshakes_failed: AtomicU64,
+    /// Inbound connections closed at once because the limit was reached.
+    pub connections_refused: AtomicU64,
+    /// Failed accepts (out of descriptors, say).
+    pub accept_errors: AtomicU64,
+    /// Inbound connections open now (a gauge).
+    pub connections: AtomicU64,
 }
 
 #[cfg(test)]
@@ -428,11 +117,20 @@ mod tests {
     use bytes::Bytes;
 
     use crate::acker::AckMsg;
-    use crate::collector::{Envelope, Sent};
+    use crate::collector::{Batch, Envelope, Sent};
     use crate::tuple::{Anchor, Value};
 
+    use std::net::TcpStream;
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+
+    use cluster_state::ids::TaskId;
+    use crossbeam_channel::Receiver;
+
+    use super::codec::{decode_batch, encode_batch, write_frame};
     use super::*;
     use crate::builtin::{SplitSentence, WordCount};
+    use crate::executor::StreamTable;
     use crate::topology::TopologyBuilder;
     use crate::tuple::Anchors;
 
@@ -442,6 +140,52 @@ mod tests {
         b.set_bolt("split", 1, SplitSentence::default).shuffle_grouping("s");
         b.set_bolt("count", 1, WordCount::default).fields_grouping("split", ["word"]);
         StreamTable::new(&b.build().unwrap())
+    }
+
+    /// One secret for every test of this module: senders and receivers of a test agree.
+    fn secret() -> TopologySecret {
+        static SECRET: std::sync::OnceLock<TopologySecret> = std::sync::OnceLock::new();
+        SECRET.get_or_init(TopologySecret::generate).clone()
+    }
+
+    fn peer(port: u16) -> PeerAddr {
+        PeerAddr { host: "127.0.0.1".into(), port, topology_id: "topo-1-1".into(), secret: secret() }
+    }
+
+    fn receiver(
+        port: u16,
+        table: Arc<StreamTable>,
+        dispatch: Dispatch,
+        stats: &Arc<TransportStats>,
+        secret: &TopologySecret,
+    ) -> PeerReceiver {
+        let setup = ReceiverSetup {
+            topology_id: "topo-1-1".into(),
+            secret: secret.clone(),
+            table,
+            dispatch,
+            stats: stats.clone(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        };
+        PeerReceiver::start("127.0.0.1", port, setup).unwrap()
+    }
+
+    /// A receiver for topo-1-1 delivering task 3's batches to an inbox of `capacity` (or
+    /// unbounded), with its stats, inbox and split's stream index.
+    fn listening(capacity: Option<usize>) -> (PeerReceiver, Arc<TransportStats>, Receiver<Batch>, u32) {
+        let table = Arc::new(table());
+        let stream = split_stream(&table);
+        let (tx, rx) = capacity.map_or_else(crossbeam_channel::unbounded, crossbeam_channel::bounded);
+        let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
+        let stats = Arc::new(TransportStats::default());
+        (receiver(0, table, dispatch, &stats, &secret()), stats, rx, stream)
+    }
+
+    /// A raw connection that completed the handshake with `secret`.
+    fn connected(addr: std::net::SocketAddr, secret: &TopologySecret) -> TcpStream {
+        let mut conn = TcpStream::connect(addr).unwrap();
+        auth::client(&mut conn, "topo-1-1", secret, "test").unwrap();
+        conn
     }
 
     #[test]
@@ -482,7 +226,7 @@ mod tests {
             batch.push(Envelope::Ack { task: TaskId(2), msg });
         }
         let mut buf = Vec::new();
-        encode_batch(&batch, &mut buf);
+        encode_batch(&batch, &mut buf).unwrap();
         let back = decode_batch(Bytes::from(buf), &table, "test").unwrap();
         assert_eq!(back.len(), batch.len());
         for (a, b) in batch.iter().zip(&back) {
@@ -537,28 +281,19 @@ mod tests {
         let stream = table.metas.iter().find(|m| m.component.as_str() == "split").unwrap().index;
         let (tx, rx) = crossbeam_channel::unbounded();
         let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
-        let receiver = PeerReceiver::start(
-            "127.0.0.1",
-            0,
-            "topo-1-1".into(),
-            table,
-            dispatch,
-            Arc::new(TransportStats::default()),
-        )
-        .unwrap();
-        let mut conn = TcpStream::connect(receiver.local_addr()).unwrap();
+        let receiver = receiver(0, table, dispatch, &Arc::default(), &secret());
+        let mut conn = connected(receiver.local_addr(), &secret());
         conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write_frame(&mut conn, &hello("topo-1-1")).unwrap();
         let word = |w: &str| word(stream, w);
         // A good frame arrives as one batch.
         let mut good = Vec::new();
-        encode_batch(&[word("a"), word("b")], &mut good);
+        encode_batch(&[word("a"), word("b")], &mut good).unwrap();
         write_frame(&mut conn, &good).unwrap();
         let batch = rx.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!(batch.len(), 2);
         // Two good envelopes, then an unknown tag: none of the frame is delivered.
         let mut bad = Vec::new();
-        encode_batch(&[word("c"), word("d")], &mut bad);
+        encode_batch(&[word("c"), word("d")], &mut bad).unwrap();
         bad[..4].copy_from_slice(&3u32.to_le_bytes());
         bad.extend_from_slice(&[9, 3, 0, 0, 0]);
         write_frame(&mut conn, &bad).unwrap();
@@ -582,7 +317,7 @@ mod tests {
         let stream = table.metas.iter().find(|m| m.component.as_str() == "split").unwrap().index;
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let stats = Arc::new(TransportStats::default());
-        let sender = PeerSender::start("127.0.0.1".into(), port, "topo-1-1".into(), stats.clone()).unwrap();
+        let sender = PeerSender::start(peer(port), stats.clone()).unwrap();
         let word = |w: &str| word(stream, w);
         sender.tx.send(vec![word("early")]).unwrap();
         sender.tx.send(vec![word("also early")]).unwrap();
@@ -594,9 +329,7 @@ mod tests {
         }
         let (tx, rx) = crossbeam_channel::unbounded();
         let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
-        let receiver =
-            PeerReceiver::start("127.0.0.1", port, "topo-1-1".into(), table, dispatch, stats.clone())
-                .unwrap();
+        let receiver = receiver(port, table, dispatch, &stats, &secret());
         let mut words = Vec::new();
         while words.len() < 2 {
             let batch = rx.recv_timeout(Duration::from_secs(10)).expect("held batches delivered");
@@ -608,7 +341,209 @@ mod tests {
         }
         assert_eq!(words, ["early", "also early"], "delivered in order");
         assert_eq!(stats.batches_dropped.load(Ordering::Relaxed), 0);
-        sender.stop();
+        assert!(sender.stop_within(Duration::from_secs(10)));
+        receiver.stop();
+    }
+
+    /// A tuple for task 3 carrying `len` bytes, tagged with `n` (its first bytes).
+    fn blob(stream: u32, n: u32, len: usize) -> Envelope {
+        let mut bytes = vec![0u8; len.max(4)];
+        bytes[..4].copy_from_slice(&n.to_le_bytes());
+        Envelope::Tuple {
+            task: TaskId(3),
+            tuple: Sent {
+                values: [Value::Bytes(Bytes::from(bytes))].into_iter().collect(),
+                stream,
+                source_task: TaskId(2),
+                anchors: Anchors::None,
+            },
+        }
+    }
+
+    fn tag_of(env: &Envelope) -> u32 {
+        match env {
+            Envelope::Tuple { tuple, .. } => match &tuple.values[0] {
+                Value::Bytes(b) => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                _ => u32::MAX,
+            },
+            Envelope::Ack { .. } => u32::MAX,
+        }
+    }
+
+    /// The stream index of split's output (one field, as `blob` and `word` fill it).
+    fn split_stream(table: &StreamTable) -> u32 {
+        table.metas.iter().find(|m| m.component.as_str() == "split").unwrap().index
+    }
+
+    #[test]
+    fn frames_are_cut_by_bytes_below_the_limit_and_an_oversized_envelope_alone_is_refused() {
+        let table = table();
+        let stream = split_stream(&table);
+        const LIMIT: usize = 256 * 1024;
+        let mut frames: Vec<Vec<u8>> = Vec::new();
+        let mut write = |f: &[u8]| {
+            frames.push(f.to_vec());
+            Ok(())
+        };
+        let mut frame = codec::FrameBuf::new(MAX_FRAME_ENVELOPES, 64 * 1024, LIMIT);
+        // 40 KiB tuples: a batch of 100 is 4 MB, far over the limit; one of 300 KiB cannot go.
+        for n in 0..100 {
+            frame.push(&blob(stream, n, 40 * 1024), &mut write).unwrap();
+            if n == 50 {
+                match frame.push(&blob(stream, 999, 300 * 1024), &mut write) {
+                    Err(codec::PushError::Envelope(e)) => {
+                        assert!(e.to_string().contains("over the frame limit"), "{e}");
+                    }
+                    other => panic!("oversized envelope accepted: {other:?}"),
+                }
+            }
+        }
+        frame.flush(&mut write).unwrap();
+        let mut tags = Vec::new();
+        for f in &frames {
+            let len = u32::from_be_bytes([f[0], f[1], f[2], f[3]]) as usize;
+            assert_eq!(len, f.len() - 4);
+            assert!(len <= LIMIT, "a frame of {len} bytes");
+            let batch = decode_batch(Bytes::copy_from_slice(&f[4..]), &table, "test").unwrap();
+            tags.extend(batch.iter().map(tag_of));
+        }
+        assert!(frames.len() > 1);
+        assert_eq!(tags, (0..100).collect::<Vec<_>>(), "every envelope, in order, and only those");
+    }
+
+    #[test]
+    fn counts_beyond_their_fields_are_errors_not_truncations() {
+        let table = table();
+        let stream = split_stream(&table);
+        let many = Envelope::Tuple {
+            task: TaskId(3),
+            tuple: Sent {
+                values: (0..70_000).map(|_| Value::Null).collect(),
+                stream,
+                source_task: TaskId(2),
+                anchors: Anchors::None,
+            },
+        };
+        let e = encode_batch(&[many], &mut Vec::new()).unwrap_err().to_string();
+        assert!(e.contains("task 3") && e.contains("70000 values"), "{e}");
+        let anchors = Envelope::Tuple {
+            task: TaskId(3),
+            tuple: Sent {
+                values: [Value::Null].into_iter().collect(),
+                stream,
+                source_task: TaskId(2),
+                anchors: Anchors::Many((0..70_000).map(|i| Anchor { root: i, edge: i }).collect()),
+            },
+        };
+        let e = encode_batch(&[anchors], &mut Vec::new()).unwrap_err().to_string();
+        assert!(e.contains("70000 anchors"), "{e}");
+    }
+
+    #[test]
+    fn megabyte_tuples_cross_between_workers_in_frames_under_the_limit() {
+        // Kafka messages up to 1 MB are normal: a batch of them is larger than a frame may be
+        // (80 MiB here), and once went as one frame that the receiver refused, forever.
+        let (receiver, stats, rx, stream) = listening(None);
+        let sender = PeerSender::start(peer(receiver.local_addr().port()), stats.clone()).unwrap();
+        let mut batch: Batch = (0..80).map(|n| blob(stream, n, 1024 * 1024)).collect();
+        // One envelope larger than any frame: dropped and counted, the rest still arrive.
+        batch.insert(40, blob(stream, 999, FRAME_LIMIT + 1));
+        sender.tx.send(batch).unwrap();
+        let mut tags = Vec::new();
+        while tags.len() < 80 {
+            let got = rx.recv_timeout(Duration::from_secs(30)).expect("megabyte tuples delivered");
+            tags.extend(got.iter().map(tag_of));
+        }
+        assert_eq!(tags, (0..80).collect::<Vec<_>>());
+        assert_eq!(stats.envelopes_unsendable.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.connects.load(Ordering::Relaxed), 1, "the connection survived");
+        assert!(stats.frames_received.load(Ordering::Relaxed) > 1);
+        assert!(sender.stop_within(Duration::from_secs(10)));
+        receiver.stop();
+    }
+
+    fn poll_until(what: &str, done: impl FnMut() -> bool) {
+        test_harness::wait_for(Duration::from_secs(20), what, done);
+    }
+
+    #[test]
+    fn a_peer_without_the_secret_is_refused_and_counted() {
+        let (receiver, stats, rx, stream) = listening(None);
+        let addr = receiver.local_addr();
+        // Knowing the topology id (the open API publishes it) is not enough.
+        let e = connect_as_peer(addr, "topo-1-1", &TopologySecret::generate()).unwrap_err().to_string();
+        assert!(e.contains("does not hold the secret"), "{e}");
+        // Nor is the old hello, the topology id alone.
+        let mut old = TcpStream::connect(addr).unwrap();
+        write_frame(&mut old, b"SQL1topo-1-1").unwrap();
+        let mut frame = Vec::new();
+        encode_batch(&[word(stream, "injected")], &mut frame).unwrap();
+        let _ = write_frame(&mut old, &frame);
+        // A sender of the same topology with another secret never gets through either.
+        let forged = PeerAddr { secret: TopologySecret::generate(), ..peer(addr.port()) };
+        let forger = PeerSender::start(forged, Arc::new(TransportStats::default())).unwrap();
+        forger.tx.send(vec![word(stream, "forged")]).unwrap();
+        poll_until("three refused handshakes", || stats.handshakes_failed.load(Ordering::Relaxed) >= 3);
+        // The right secret gets through, and its tuple is the only one delivered.
+        let mut good = connect_as_peer(addr, "topo-1-1", &secret()).unwrap();
+        let mut frame = Vec::new();
+        encode_batch(&[word(stream, "genuine")], &mut frame).unwrap();
+        write_frame(&mut good, &frame).unwrap();
+        let batch = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(batch.len(), 1);
+        assert!(
+            matches!(&batch[0], Envelope::Tuple { tuple, .. } if tuple.values[0].as_str() == Some("genuine"))
+        );
+        assert!(rx.try_recv().is_err(), "a forged tuple was delivered");
+        assert_eq!(stats.accepted.load(Ordering::Relaxed), 1);
+        forger.force_close();
+        receiver.stop();
+    }
+
+    #[test]
+    fn stopping_a_sender_blocked_on_a_peer_that_reads_nothing_is_bounded() {
+        // The peer's inbox takes one batch and is never drained: its receiver blocks, TCP
+        // buffers fill, and the sender's write blocks.
+        let (receiver, stats, inbox, stream) = listening(Some(1));
+        let sender = PeerSender::start(peer(receiver.local_addr().port()), stats.clone()).unwrap();
+        for n in 0..64 {
+            sender.tx.send(vec![blob(stream, n, 1024 * 1024)]).unwrap();
+        }
+        poll_until("the sender blocked in a write", || {
+            stats.frames_received.load(Ordering::Relaxed) >= 2 && sender.tx.len() > 8
+        });
+        let started = std::time::Instant::now();
+        assert!(!sender.stop_within(Duration::from_millis(200)), "a blocked sender cannot flush");
+        assert!(started.elapsed() < Duration::from_secs(2), "stop took {:?}", started.elapsed());
+        drop(inbox);
+        receiver.stop();
+    }
+
+    #[test]
+    fn connections_over_the_limit_are_closed_at_once_and_counted() {
+        let table = Arc::new(table());
+        let (tx, _rx) = crossbeam_channel::unbounded();
+        let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
+        let stats = Arc::new(TransportStats::default());
+        let setup = ReceiverSetup {
+            topology_id: "topo-1-1".into(),
+            secret: secret(),
+            table,
+            dispatch,
+            stats: stats.clone(),
+            max_connections: 4,
+        };
+        let receiver = PeerReceiver::start("127.0.0.1", 0, setup).unwrap();
+        let idle: Vec<TcpStream> =
+            (0..10).map(|_| TcpStream::connect(receiver.local_addr()).unwrap()).collect();
+        poll_until("six refused", || stats.connections_refused.load(Ordering::Relaxed) >= 6);
+        assert_eq!(stats.connections.load(Ordering::Relaxed), 4);
+        // Idle connections that never say hello are closed at the handshake deadline.
+        poll_until("idle connections closed", || stats.connections.load(Ordering::Relaxed) == 0);
+        assert_eq!(stats.handshakes_failed.load(Ordering::Relaxed), 4);
+        // Then a peer gets in.
+        let _good = connect_as_peer(receiver.local_addr(), "topo-1-1", &secret()).unwrap();
+        drop(idle);
         receiver.stop();
     }
 
