@@ -124,12 +124,12 @@ struct IdRecord {
 }
 
 /// Loads `file`; a corrupt one is logged and renamed to `<name>.corrupt` (kept for a look,
-/// replacing an older one) and reads as absent.
+/// replacing an older one) and reads as absent. The flag: whether it was corrupt.
 fn load_or_set_aside<T: serde::de::DeserializeOwned>(
     file: &LocalState,
-) -> Result<Option<T>, LocalStateError> {
+) -> Result<(Option<T>, bool), LocalStateError> {
     match file.load::<T>() {
-        Ok(loaded) => Ok(loaded),
+        Ok(loaded) => Ok((loaded, false)),
         Err(e @ LocalStateError::Corrupt { .. }) => {
             let mut aside = file.path().as_os_str().to_owned();
             aside.push(".corrupt");
@@ -137,7 +137,7 @@ fn load_or_set_aside<T: serde::de::DeserializeOwned>(
             std::fs::rename(file.path(), &aside)
                 .map_err(|source| LocalStateError::Io { path: file.path().to_path_buf(), source })?;
             tracing::error!(error = %e, kept_as = %aside.display(), "unreadable supervisor local state; recovering from the running workers");
-            Ok(None)
+            Ok((None, true))
         }
         Err(e) => Err(e),
     }
@@ -189,8 +189,8 @@ impl ProcessTask {
         std::fs::create_dir_all(&dir).map_err(|source| LocalStateError::Io { path: dir.clone(), source })?;
         let id_file = LocalState::new(dir.join(ID_FILE));
         let file = LocalState::new(dir.join(STATE_FILE));
-        let stored_id = load_or_set_aside::<IdRecord>(&id_file)?.map(|r| r.supervisor_id);
-        let recorded = load_or_set_aside::<SupervisorState>(&file)?;
+        let stored_id = load_or_set_aside::<IdRecord>(&id_file)?.0.map(|r| r.supervisor_id);
+        let (recorded, state_corrupt) = load_or_set_aside::<SupervisorState>(&file)?;
         let found = launcher.find_workers();
         let supervisor_id = match (stored_id, &recorded) {
             (Some(id), _) => id,
@@ -233,6 +233,11 @@ impl ProcessTask {
                     topology_id: launch.topology_id,
                 },
             );
+        }
+        if state_corrupt && workers.is_empty() {
+            tracing::warn!(%supervisor_id, "no running workers found; starting with an empty supervisor state");
+        } else if state_corrupt {
+            tracing::warn!(%supervisor_id, adopted = workers.len(), "supervisor state rebuilt from the running workers");
         }
         log_stale_heartbeats(local_dir, &workers);
         let state = SupervisorState { supervisor_id, workers };
