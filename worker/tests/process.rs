@@ -605,7 +605,7 @@ async fn a_worker_exits_promptly_while_zookeeper_is_down() {
     let id = TopologyId::new(&TopologyName::new("wc").unwrap(), 1, 1_700_000_000);
     let c = Cluster { connect, session, paths: StormPaths::default(), id, dir: tempfile::tempdir().unwrap() };
     let slot = WorkerSlot { node: SupervisorId::new("sup-1").unwrap(), port: free_port() };
-    c.submit(&wordcount(1), &[slot.clone()]).await;
+    c.submit(&wordcount(1), std::slice::from_ref(&slot)).await;
     let (token, handle) = c.start(wordcount(1), &slot, "worker-a");
     eventually_true(Duration::from_secs(30), "the worker's ZooKeeper heartbeat", || async {
         c.beat(&slot).await.is_some()
