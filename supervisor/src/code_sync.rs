@@ -6,6 +6,10 @@
 //! A download goes to a temporary directory next to the final one and is renamed into place
 //! only when every file arrived and matched its checksum, so a topology directory that exists is
 //! complete: a crash mid-download leaves only a temporary directory, removed on the next sync.
+//! Each file's checksum is kept beside it (`<file>.sha256`), and [`CodeSync::ensure_verified`]
+//! re-checks the local copy against it before a worker is launched from it: a copy that was
+//! edited or damaged is downloaded again and swapped in whole (running workers keep the files
+//! they opened); if that download fails, the damaged copy stays and nothing is launched from it.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -32,8 +36,33 @@ pub enum CodeError {
         "{file} of topology {topology} arrived corrupt (sha256 {actual}, nimbus says {expected}); it will be downloaded again"
     )]
     Checksum { topology: TopologyId, file: CodeFile, expected: String, actual: String },
+    #[error(
+        "the local copy of {file} of topology {topology} does not match its download ({reason}); it will be downloaded again"
+    )]
+    Modified { topology: TopologyId, file: CodeFile, reason: String },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+}
+
+/// Where a code file's checksum is kept beside it.
+fn checksum_path(file: &Path) -> PathBuf {
+    let mut path = file.as_os_str().to_owned();
+    path.push(".sha256");
+    PathBuf::from(path)
+}
+
+/// The SHA-256 of a file, streamed (a worker binary can be large).
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match file.read(&mut buf)? {
+            0 => return Ok(hex::encode(hash.finalize())),
+            n => hash.update(&buf[..n]),
+        }
+    }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CodeError + '_ {
@@ -77,11 +106,39 @@ impl CodeSync {
         if self.has(topology) {
             return Ok(dir);
         }
+        self.fetch(topology, false).await
+    }
+
+    /// [`CodeSync::ensure`], and then checks the local copy against the checksums recorded at
+    /// its download; one that does not match is downloaded again (see the module docs).
+    pub async fn ensure_verified(&self, topology: &TopologyId) -> Result<PathBuf, CodeError> {
+        let dir = self.topology_dir(topology);
+        if !self.has(topology) {
+            return self.fetch(topology, false).await;
+        }
+        let (check, topology_id) = (dir.clone(), topology.clone());
+        let verified = tokio::task::spawn_blocking(move || verify(&check, &topology_id))
+            .await
+            .map_err(|e| CodeError::Io { path: dir.clone(), source: std::io::Error::other(e) })?;
+        match verified {
+            Ok(()) => Ok(dir),
+            Err(e) => {
+                tracing::warn!(error = %e, "local topology code does not match its checksum");
+                self.fetch(topology, true).await
+            }
+        }
+    }
+
+    /// Downloads the topology's code into a temporary directory and installs it; `replace`:
+    /// over an existing copy (moved aside first, then deleted).
+    async fn fetch(&self, topology: &TopologyId, replace: bool) -> Result<PathBuf, CodeError> {
+        let dir = self.topology_dir(topology);
         tokio::fs::create_dir_all(&self.stormdist).await.map_err(io(&self.stormdist))?;
         let tmp = self.stormdist.join(format!("{TMP_PREFIX}{}-{}", topology, uuid::Uuid::new_v4()));
         tokio::fs::create_dir(&tmp).await.map_err(io(&tmp))?;
         let result = self.download_all(topology, &tmp).await;
         let result = match result {
+            Ok(()) if replace => self.swap_in(&tmp, &dir).await,
             Ok(()) => match tokio::fs::rename(&tmp, &dir).await {
                 Ok(()) => Ok(dir),
                 // Another sync installed it meanwhile: theirs is as good as ours.
@@ -92,6 +149,20 @@ impl CodeSync {
         };
         let _ = tokio::fs::remove_dir_all(&tmp).await;
         result
+    }
+
+    /// Replaces `dir` by `fresh`: the old copy is renamed aside (a temporary name the next
+    /// cleanup removes too), the new one renamed in, the old one deleted.
+    async fn swap_in(&self, fresh: &Path, dir: &Path) -> Result<PathBuf, CodeError> {
+        let old = self.stormdist.join(format!("{TMP_PREFIX}replaced-{}", uuid::Uuid::new_v4()));
+        match tokio::fs::rename(dir, &old).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(CodeError::Io { path: dir.to_path_buf(), source: e }),
+        }
+        tokio::fs::rename(fresh, dir).await.map_err(io(dir))?;
+        let _ = tokio::fs::remove_dir_all(&old).await;
+        Ok(dir.to_path_buf())
     }
 
     async fn download_all(&self, topology: &TopologyId, into: &Path) -> Result<(), CodeError> {
@@ -148,6 +219,8 @@ impl CodeSync {
         if actual != expected {
             return Err(CodeError::Checksum { topology: topology.clone(), file, expected, actual });
         }
+        let sum = checksum_path(target);
+        tokio::fs::write(&sum, &expected).await.map_err(io(&sum))?;
         if file == CodeFile::WorkerBinary {
             use std::os::unix::fs::PermissionsExt;
             tokio::fs::set_permissions(target, std::fs::Permissions::from_mode(0o755))
@@ -183,4 +256,29 @@ impl CodeSync {
         removed.sort();
         removed
     }
+}
+
+/// Checks each code file in `dir` against the checksum recorded beside it at download.
+fn verify(dir: &Path, topology: &TopologyId) -> Result<(), CodeError> {
+    for file in CodeFile::ALL {
+        let path = dir.join(file.file_name());
+        let modified = |reason: String| CodeError::Modified { topology: topology.clone(), file, reason };
+        let recorded = match std::fs::read_to_string(checksum_path(&path)) {
+            Ok(sum) => sum.trim().to_owned(),
+            // A topology without its own worker binary has neither file.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && !path.exists()
+                    && file == CodeFile::WorkerBinary =>
+            {
+                continue;
+            }
+            Err(e) => return Err(modified(format!("no checksum recorded: {e}"))),
+        };
+        let actual = sha256_file(&path).map_err(|e| modified(format!("cannot read it: {e}")))?;
+        if actual != recorded {
+            return Err(modified(format!("sha256 {actual}, downloaded as {recorded}")));
+        }
+    }
+    Ok(())
 }

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::{Backoff, BackoffPolicy};
 use crate::code_sync::CodeSync;
 use crate::launch::{Launcher, WorkerSpec};
 use crate::metrics::SupervisorMetrics;
@@ -276,6 +277,7 @@ pub async fn run(
     let slots: BTreeSet<u16> = config.slots_ports.iter().copied().collect();
     let tick = Duration::from_secs(config.monitor_frequency_secs);
     let mut session: Option<Session> = None;
+    let mut code_retries = CodeRetries::default();
     while !shutdown.is_cancelled() {
         if session.as_ref().is_none_or(|s| s.state().is_terminal()) {
             session = match ensemble.connect(&config.session_options()).await {
@@ -292,7 +294,16 @@ pub async fn run(
             changed = s.children_watch(&paths.assignments_dir()).await.ok().map(|(_, w)| w);
             match read_assignments(s, &paths).await {
                 Ok(assignments) => {
-                    let done = round(&supervisor_id, &assignments, &slots, &code, &mut process).await;
+                    let done = round(
+                        &supervisor_id,
+                        &assignments,
+                        &slots,
+                        &code,
+                        &mut process,
+                        &mut code_retries,
+                        &metrics,
+                    )
+                    .await;
                     metrics.count(&done);
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot read assignments; retrying"),
@@ -323,19 +334,31 @@ pub async fn run(
     }
     while tasks.join_next().await.is_some() {}
     if let Some(s) = session {
-        let _ = s.close().await;
+        // Bounded: the supervisor must stop even while ZooKeeper is down.
+        s.close_within(coord::SHUTDOWN_CLOSE_BOUND).await;
     }
     tracing::info!(%supervisor_id, "supervisor stopped; its workers keep running");
     Ok(())
 }
 
-/// One sync-and-process round.
+/// Per topology: downloads of its code that keep failing wait ([`BackoffPolicy`]).
+#[derive(Debug, Default)]
+struct CodeRetries {
+    policy: BackoffPolicy,
+    by_topology: BTreeMap<TopologyId, Backoff>,
+}
+
+/// One sync-and-process round. A port whose topology's code is not here (or, before a launch,
+/// does not match its checksum) and cannot be fetched only holds its launch: the worker already
+/// running there is judged as usual, never killed for it.
 async fn round(
     supervisor: &SupervisorId,
     assignments: &BTreeMap<TopologyId, Assignment>,
     slots: &BTreeSet<u16>,
     code: &CodeSync,
     process: &mut ProcessTask,
+    retries: &mut CodeRetries,
+    metrics: &SupervisorMetrics,
 ) -> Vec<Done> {
     let local = match local_assignment(supervisor, assignments) {
         Ok(local) => local,
@@ -350,14 +373,28 @@ async fn round(
             tracing::warn!(port, topology = %assignment.topology_id, "assigned a port this supervisor does not offer");
             continue;
         }
-        match code.ensure(&assignment.topology_id).await {
-            Ok(_) => {
-                desired.insert(port, assignment);
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot get topology code; retrying next round"),
-        }
+        desired.insert(port, assignment);
     }
-    let done = match process.reconcile(&desired, cluster_state::clock::now_secs()).await {
+    let now_secs = cluster_state::clock::now_secs();
+    let launching = process.launches_due(&desired, now_secs);
+    let to_verify: BTreeSet<&TopologyId> =
+        desired.iter().filter(|(port, _)| launching.contains(port)).map(|(_, a)| &a.topology_id).collect();
+    let mut ready = BTreeMap::new();
+    for assignment in desired.values() {
+        let topology = &assignment.topology_id;
+        if ready.contains_key(topology) {
+            continue;
+        }
+        let ok = fetch_code(code, topology, to_verify.contains(topology), retries, metrics).await;
+        ready.insert(topology.clone(), ok);
+    }
+    retries.by_topology.retain(|topology, _| ready.contains_key(topology));
+    let held: BTreeSet<u16> = desired
+        .iter()
+        .filter(|(_, a)| !ready.get(&a.topology_id).copied().unwrap_or(false))
+        .map(|(port, _)| *port)
+        .collect();
+    let done = match process.reconcile(&desired, &held, now_secs).await {
         Ok(done) => {
             for action in &done {
                 tracing::info!(?action, "worker action");
@@ -369,12 +406,41 @@ async fn round(
             Vec::new()
         }
     };
+    // Code stays while it is assigned here or a worker runs it, fetched or not.
     let mut keep: BTreeSet<TopologyId> = desired.values().map(|a| a.topology_id.clone()).collect();
     keep.extend(process.workers().values().map(|w| w.topology_id.clone()));
     for removed in code.remove_stale(&keep) {
         tracing::info!(topology = %removed, "removed code no assignment needs");
     }
     done
+}
+
+/// Brings a topology's code here (`verify`: and checks it, before a launch), unless its
+/// downloads are backing off. Whether the code is ready.
+async fn fetch_code(
+    code: &CodeSync,
+    topology: &TopologyId,
+    verify: bool,
+    retries: &mut CodeRetries,
+    metrics: &SupervisorMetrics,
+) -> bool {
+    let now = tokio::time::Instant::now();
+    if retries.by_topology.get(topology).is_some_and(|b| !b.ready(now)) {
+        return false;
+    }
+    let fetched = if verify { code.ensure_verified(topology).await } else { code.ensure(topology).await };
+    match fetched {
+        Ok(_) => {
+            retries.by_topology.remove(topology);
+            true
+        }
+        Err(e) => {
+            metrics.code_failures.inc();
+            let delay = retries.by_topology.entry(topology.clone()).or_default().failed(&retries.policy, now);
+            tracing::warn!(%topology, error = %e, "cannot get topology code; retrying in {delay:?}");
+            false
+        }
+    }
 }
 
 #[cfg(test)]

@@ -11,11 +11,17 @@
 //!
 //! The trait is synchronous and signal-shaped (`terminate`, then `force_kill` after a grace
 //! period the caller times), so the caller's actor owns every wait.
+//!
+//! Reaping: every child the process launcher started is waited for. Each call sweeps the
+//! children that have exited (`try_wait`), so a worker that died, stopped on TERM or was
+//! killed never stays a zombie for longer than the supervisor's next look at any worker; the
+//! process task waits after a `force_kill` until the worker is gone (`is_running` false).
 
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::{self, OpenOptions};
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -74,6 +80,12 @@ pub trait Launcher: Send + Sync + std::fmt::Debug {
     /// After a supervisor restart: whether `pid` is still the worker `worker_id` (and not a
     /// process that reused the pid). Adopted workers are then managed like launched ones.
     fn adopt(&self, pid: u32, worker_id: &str) -> bool;
+    /// The workers running on this machine, found without the local state (which may be
+    /// unreadable): pid and launch of each, whichever supervisor launched them. None by default
+    /// (an in-process launcher's workers do not outlive the supervisor).
+    fn find_workers(&self) -> Vec<(u32, WorkerLaunch)> {
+        Vec::new()
+    }
 }
 
 /// Workers as child processes.
@@ -91,6 +103,22 @@ impl ProcessLauncher {
 
     fn children(&self) -> MutexGuard<'_, HashMap<u32, Child>> {
         self.children.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Waits for every child that has exited (no zombie is left behind) and forgets it.
+    fn reap(children: &mut HashMap<u32, Child>) {
+        children.retain(|pid, child| match child.try_wait() {
+            Ok(None) => true,
+            Ok(Some(status)) => {
+                tracing::debug!(pid, %status, "worker process reaped");
+                false
+            }
+            // Not waitable (already reaped elsewhere): nothing left to wait for.
+            Err(e) => {
+                tracing::debug!(pid, error = %e, "worker process not waitable");
+                false
+            }
+        });
     }
 
     fn signal_group(&self, pid: u32, signal: Signal) -> Result<(), LaunchError> {
@@ -129,21 +157,19 @@ impl Launcher for ProcessLauncher {
                 source,
             })?;
         let pid = child.id();
-        self.children().insert(pid, child);
+        let mut children = self.children();
+        Self::reap(&mut children);
+        children.insert(pid, child);
         Ok(pid)
     }
 
     fn is_running(&self, pid: u32) -> bool {
         let mut children = self.children();
-        if let Some(child) = children.get_mut(&pid) {
-            return match child.try_wait() {
-                Ok(None) => true,
-                Ok(Some(_)) | Err(_) => {
-                    children.remove(&pid);
-                    false
-                }
-            };
+        Self::reap(&mut children);
+        if children.contains_key(&pid) {
+            return true;
         }
+        drop(children);
         i32::try_from(pid)
             .ok()
             .and_then(Pid::from_raw)
@@ -163,6 +189,40 @@ impl Launcher for ProcessLauncher {
         let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else { return false };
         self.is_running(pid) && cmdline.split(|&b| b == 0).any(|arg| arg == worker_id.as_bytes())
     }
+
+    /// Scans the process table: a worker is a process group leader (each is launched as one)
+    /// whose command line, after the program, is a launch.
+    fn find_workers(&self) -> Vec<(u32, WorkerLaunch)> {
+        let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+        let mut found: Vec<(u32, WorkerLaunch)> = entries
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+            .filter_map(|pid| {
+                // Not `getpgid`: rustix asserts on the group 0 of kernel threads.
+                if process_group(pid)? != pid {
+                    return None;
+                }
+                let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                let args = cmdline
+                    .strip_suffix(&[0])
+                    .unwrap_or(&cmdline)
+                    .split(|&b| b == 0)
+                    .skip(1)
+                    .map(|arg| OsString::from(std::ffi::OsStr::from_bytes(arg)));
+                Some((pid, WorkerLaunch::parse(args).ok()?))
+            })
+            .collect();
+        found.sort_by_key(|(pid, _)| *pid);
+        found
+    }
+}
+
+/// A process's group, from `/proc/<pid>/stat` (`pid (comm) state ppid pgrp ...`; the command
+/// name may hold spaces and parentheses, so fields are counted after the last `)`).
+fn process_group(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(2)?.parse().ok()
 }
 
 #[cfg(test)]

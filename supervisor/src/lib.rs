@@ -7,6 +7,8 @@
 //! so `squall local` can run them in-process; this crate never depends on `worker`.
 //!
 //! Layout:
+//! - [`backoff`]: exponential backoff (2 s doubling to 60 s) for relaunching a crashing worker
+//!   and for code downloads that fail.
 //! - [`code_sync`]: topology code downloaded from nimbus into `stormdist/<id>`, checksum-checked,
 //!   installed atomically, removed when stale.
 //! - [`daemon`]: [`daemon::SupervisorConfig`] (Storm's keys) and [`daemon::run`], wiring
@@ -26,6 +28,7 @@
 // Async code: `tokio::time::Instant`, never std's (see clippy.toml).
 #![deny(clippy::disallowed_types)]
 
+pub mod backoff;
 pub mod code_sync;
 pub mod daemon;
 pub mod launch;

@@ -1,6 +1,6 @@
 //! The supervisor's Prometheus metrics, on the registry its caller passes down.
 
-use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use crate::plan::WorkerState;
 use crate::process_task::Done;
@@ -17,6 +17,9 @@ pub struct SupervisorMetrics {
     pub worker_kills: IntCounterVec,
     /// Slots by `state` (`used`, `free`).
     pub slots: IntGaugeVec,
+    /// Attempts to bring a topology's code here (download, or re-download of a local copy that
+    /// no longer matches its checksum) that failed.
+    pub code_failures: IntCounter,
 }
 
 impl SupervisorMetrics {
@@ -44,11 +47,16 @@ impl SupervisorMetrics {
                 Opts::new("squall_supervisor_slots", "Worker slots of this supervisor by state (used, free)"),
                 &["state"],
             )?,
+            code_failures: IntCounter::with_opts(Opts::new(
+                "squall_supervisor_code_download_failures_total",
+                "Failed attempts to download (or re-download) a topology's code from nimbus",
+            ))?,
         };
         registry.register(Box::new(metrics.workers_running.clone()))?;
         registry.register(Box::new(metrics.worker_launches.clone()))?;
         registry.register(Box::new(metrics.worker_kills.clone()))?;
         registry.register(Box::new(metrics.slots.clone()))?;
+        registry.register(Box::new(metrics.code_failures.clone()))?;
         // Every label value exists from the start, so rates and sums see zeros, not gaps.
         for reason in ["assigned", "restart"] {
             metrics.worker_launches.with_label_values(&[reason]);

@@ -69,8 +69,13 @@ pub struct RunningWorker {
     pub worker_id: String,
     pub port: u16,
     pub launched_at_secs: u64,
-    /// `None` until the worker wrote its first heartbeat (or when the file is unreadable).
+    /// `None` until the worker wrote its first heartbeat. A read that fails (a torn or
+    /// garbled file) gives the last good beat instead, so it times out only as a stale beat
+    /// would.
     pub beat: Option<LocalBeat>,
+    /// With no good beat ever read: since when its heartbeat file has been unreadable. Such a
+    /// worker is given the heartbeat timeout from then before it counts as timed out.
+    pub unreadable_since_secs: Option<u64>,
 }
 
 /// Storm's worker states.
@@ -128,6 +133,12 @@ pub fn classify(
         }
         Some(_) => WorkerState::Valid,
         None if now_secs.saturating_sub(worker.launched_at_secs) <= timeouts.start_secs => {
+            WorkerState::NotStarted
+        }
+        None if worker
+            .unreadable_since_secs
+            .is_some_and(|since| now_secs.saturating_sub(since) <= timeouts.heartbeat_secs) =>
+        {
             WorkerState::NotStarted
         }
         None => WorkerState::TimedOut,
@@ -214,6 +225,7 @@ mod tests {
                 executors: executors(tasks),
                 time_secs: time,
             }),
+            unreadable_since_secs: None,
         }
     }
 
@@ -257,6 +269,15 @@ mod tests {
             (worker("w", 6701, 0, Some(("wc-1-100", &[1, 2], NOW))), WorkerState::Disallowed),
             (worker("w", 6700, NOW - 120, None), WorkerState::NotStarted),
             (worker("w", 6700, NOW - 121, None), WorkerState::TimedOut),
+            // Only unreadable beats so far: the heartbeat timeout runs from the first bad read.
+            (
+                RunningWorker { unreadable_since_secs: Some(NOW - 30), ..worker("w", 6700, NOW - 500, None) },
+                WorkerState::NotStarted,
+            ),
+            (
+                RunningWorker { unreadable_since_secs: Some(NOW - 31), ..worker("w", 6700, NOW - 500, None) },
+                WorkerState::TimedOut,
+            ),
         ];
         for (w, expected) in table {
             assert_eq!(classify(&w, &desired, NOW, T), expected, "{w:?}");

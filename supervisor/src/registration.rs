@@ -58,7 +58,8 @@ impl Registration {
             retry = Duration::from_millis(100);
             self.serve(&session, started, &cancel).await;
             if cancel.is_cancelled() {
-                let _ = session.close().await;
+                // Bounded: the supervisor must stop even while ZooKeeper is down.
+                session.close_within(coord::SHUTDOWN_CLOSE_BOUND).await;
                 return;
             }
             tracing::warn!(session = %session.id(), "supervisor session ended; registering again");

@@ -48,8 +48,10 @@ pub struct WorkerConfig {
     pub zk_heartbeat_frequency_secs: u64,
     /// Re-read assignment and status even without a watch, in seconds. Storm: 10.
     pub refresh_poll_secs: u64,
-    /// Bound on draining pending tuples at shutdown, in milliseconds (Storm's supervisor gives
-    /// a worker `supervisor.worker.shutdown.sleep.secs` = 3 s).
+    /// Bound on draining pending tuples at shutdown, in milliseconds. Clearly below the
+    /// supervisor's grace before SIGKILL (`supervisor.worker.shutdown.sleep.secs` = 3 s), so a
+    /// worker stopped for a rebalance finishes its shutdown (flush, heartbeats removed, session
+    /// closed within `cluster_state::coord::SHUTDOWN_CLOSE_BOUND`) instead of being killed mid-way.
     pub shutdown_drain_ms: u64,
     /// Address the worker's port is bound on.
     pub bind_host: String,
@@ -67,7 +69,7 @@ impl Default for WorkerConfig {
             heartbeat_frequency_secs: 1,
             zk_heartbeat_frequency_secs: 3,
             refresh_poll_secs: 10,
-            shutdown_drain_ms: 3000,
+            shutdown_drain_ms: 1500,
             bind_host: "0.0.0.0".into(),
             errors_kept: 10,
             max_peer_connections: DEFAULT_MAX_CONNECTIONS,
@@ -283,7 +285,8 @@ pub async fn run(
     let coord_metrics = cluster_state::metrics::CoordMetrics::register(metrics)?;
     let session = ensemble.connect(&args.session).await?.instrument(coord_metrics);
     let result = run_session(&args, &config, topology, &session, &paths, metrics, &shutdown).await;
-    let _ = session.close().await;
+    // Bounded: a worker must exit even while ZooKeeper is down.
+    session.close_within(cluster_state::coord::SHUTDOWN_CLOSE_BOUND).await;
     result
 }
 

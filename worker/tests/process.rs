@@ -715,3 +715,40 @@ async fn megabyte_messages_cross_between_two_workers_and_are_acked() {
         h.await.unwrap().unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_exits_promptly_while_zookeeper_is_down() {
+    // Its session close used to wait for the server's confirmation up to the session timeout.
+    let mut zk = ZkServer::start();
+    let connect = zk.connect_string();
+    let session = Ensemble::zookeeper(connect.clone()).connect(&SessionOptions::default()).await.unwrap();
+    let id = TopologyId::new(&TopologyName::new("wc").unwrap(), 1, 1_700_000_000);
+    let c = Cluster {
+        connect,
+        session,
+        paths: StormPaths::default(),
+        id,
+        dir: tempfile::tempdir().unwrap(),
+        secret: TopologySecret::generate(),
+    };
+    let slot = WorkerSlot { node: SupervisorId::new("sup-1").unwrap(), port: free_port() };
+    c.submit(&wordcount(1), std::slice::from_ref(&slot)).await;
+    let (token, handle) = c.start(wordcount(1), &slot, "worker-a");
+    eventually_true(Duration::from_secs(30), "the worker's ZooKeeper heartbeat", || async {
+        c.beat(&slot).await.is_some()
+    })
+    .await;
+    tokio::task::block_in_place(|| zk.stop());
+
+    let started = tokio::time::Instant::now();
+    token.cancel();
+    let bound = Duration::from_millis(WorkerConfig::default().shutdown_drain_ms)
+        + cluster_state::coord::SHUTDOWN_CLOSE_BOUND
+        + Duration::from_secs(2);
+    match tokio::time::timeout(Duration::from_secs(30), handle).await {
+        Ok(stopped) => stopped.unwrap().unwrap(),
+        Err(_) => panic!("the worker did not exit within 30 s with ZooKeeper down"),
+    }
+    let took = started.elapsed();
+    assert!(took <= bound, "the worker took {took:?} to exit with ZooKeeper down (bound {bound:?})");
+}

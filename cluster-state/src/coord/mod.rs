@@ -523,6 +523,28 @@ impl Session {
         dispatch!(self.multi(ops))
     }
 
+    /// [`Session::close`] for a daemon that is stopping: waits at most `within` for the
+    /// server's confirmation, so a process stopped while ZooKeeper is unreachable still exits
+    /// promptly (its ephemerals then go when the server expires the session). Returns whether
+    /// the close was confirmed in time; a close that was not is logged with the session id.
+    pub async fn close_within(self, within: Duration) -> bool {
+        let id = self.id();
+        match tokio::time::timeout(within, self.close()).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(session = %id, error = %e, "closing the ZooKeeper session failed");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(
+                    session = %id,
+                    "ZooKeeper did not confirm the session close within {within:?}; leaving it to expire"
+                );
+                false
+            }
+        }
+    }
+
     /// Closes the session: its ephemerals are removed before this returns.
     pub async fn close(self) -> Result<()> {
         match self.backend {
@@ -534,6 +556,11 @@ impl Session {
         }
     }
 }
+
+/// How long a stopping daemon (nimbus, supervisor, worker) waits for ZooKeeper to confirm its
+/// session close: [`Session::close_within`]'s bound. Below the supervisor's 3 s grace before it
+/// kills a worker, and short enough that an outage does not hold a shutdown.
+pub const SHUTDOWN_CLOSE_BOUND: Duration = Duration::from_secs(2);
 
 /// The stream of a session's state changes; see [`Session::state_changes`].
 #[derive(Debug)]
