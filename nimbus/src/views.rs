@@ -164,7 +164,6 @@ mod tests {
     use super::*;
     use cluster_state::ids::{ExecutorId, TaskId, TopologyName};
     use cluster_state::znode::{ExecutorAssignment, TopologyStatus};
-    use serde_json::json;
 
     const NOW: u64 = 1_700_100_000;
 
@@ -229,16 +228,24 @@ mod tests {
         assert_eq!(pretty_uptime(86_400), "1d 0h 0m 0s");
     }
 
+    // The views as typed values; their wire keys are golden in cluster-state/tests/api_formats.rs.
+
     #[test]
     fn cluster_summary_counts_slots_from_assignments() {
-        let body = serde_json::to_value(snapshot().cluster_summary("0.1.0")).unwrap();
         assert_eq!(
-            body,
-            json!({
-                "stormVersion": "0.1.0", "nimbusUptime": "59s", "nimbusUptimeSeconds": 59,
-                "supervisors": 2, "slotsTotal": 3, "slotsUsed": 2, "slotsFree": 1,
-                "executorsTotal": 3, "tasksTotal": 6, "topologies": 1
-            })
+            snapshot().cluster_summary("0.1.0"),
+            ClusterSummary {
+                storm_version: "0.1.0".into(),
+                nimbus_uptime: "59s".into(),
+                nimbus_uptime_seconds: 59,
+                supervisors: 2,
+                slots_total: 3,
+                slots_used: 2,
+                slots_free: 1,
+                executors_total: 3,
+                tasks_total: 6,
+                topologies: 1,
+            }
         );
         let empty = ClusterSnapshot::default().cluster_summary("0.1.0");
         assert_eq!((empty.slots_total, empty.slots_free, empty.topologies), (0, 0, 0));
@@ -247,19 +254,33 @@ mod tests {
     #[test]
     fn supervisor_and_topology_summaries() {
         let snapshot = snapshot();
-        let supervisors = serde_json::to_value(snapshot.supervisor_summaries()).unwrap();
+        let supervisors = snapshot.supervisor_summaries();
         assert_eq!(
             supervisors[0],
-            json!({"id": "a", "host": "host-a", "uptime": "1d 1h 1m 1s", "uptimeSeconds": 90_061,
-                   "slotsTotal": 2, "slotsUsed": 1, "version": "0.1.0"})
+            SupervisorSummary {
+                id: sup("a"),
+                host: "host-a".into(),
+                uptime: "1d 1h 1m 1s".into(),
+                uptime_seconds: 90_061,
+                slots_total: 2,
+                slots_used: 1,
+                version: "0.1.0".into(),
+            }
         );
-        assert_eq!(snapshot.supervisor_summaries()[1].slots_used, 1);
-        let topologies = serde_json::to_value(snapshot.topology_summaries()).unwrap();
+        assert_eq!(supervisors[1].slots_used, 1);
         assert_eq!(
-            topologies,
-            json!([{"id": "wc-1-1700000000", "name": "wc", "status": "ACTIVE", "uptime": "1h 2m 3s",
-                    "uptimeSeconds": 3_723, "tasksTotal": 6, "workersTotal": 2, "executorsTotal": 3,
-                    "owner": "alice"}])
+            snapshot.topology_summaries(),
+            [TopologySummary {
+                id: "wc-1-1700000000".parse().unwrap(),
+                name: TopologyName::new("wc").unwrap(),
+                status: "ACTIVE".into(),
+                uptime: "1h 2m 3s".into(),
+                uptime_seconds: 3_723,
+                tasks_total: 6,
+                workers_total: 2,
+                executors_total: 3,
+                owner: "alice".into(),
+            }]
         );
     }
 
@@ -274,11 +295,16 @@ mod tests {
             endpoint: "h:9000".into(),
         };
         let groups = discovery_targets("n:8080", &snapshot, &[worker]);
-        let labels = serde_json::to_value(&groups[groups.len() - 1].labels).unwrap();
+        let labels: Vec<(&str, &str)> =
+            groups[groups.len() - 1].labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         assert_eq!(
             labels,
-            json!({"squall_role": "worker", "squall_topology": "wc-1-1700000000", "supervisor": "a",
-                   "port": "6700"})
+            [
+                ("port", "6700"),
+                ("squall_role", "worker"),
+                ("squall_topology", "wc-1-1700000000"),
+                ("supervisor", "a")
+            ]
         );
     }
 }

@@ -9,6 +9,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cluster_state::api::{
+    API_PREFIX, BeginUpload, ChunkReceived, ClusterSummary, Count, ErrorBody, FinishUpload, Operation,
+    PendingAction, RebalanceOptions, RebalanceRequest, Route, SubmitTopology, Submitted, SupervisorSummaries,
+    TopologyDetail, TopologyErrors, TopologyOperation, TopologySummaries, UploadBegun, UploadFinished,
+    UploadId,
+};
 use cluster_state::clock::now_secs;
 use cluster_state::coord::{CreateMode, Ensemble, Session, SessionOptions};
 use cluster_state::ids::{
@@ -25,7 +31,8 @@ use nimbus::http::{ApiConfig, ApiState, CHECKSUM_HEADER};
 use nimbus::lifecycle::Event;
 use nimbus::metrics::NimbusMetrics;
 use nimbus::transitions::{DeadlineTimers, Transitions};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use test_harness::{ZkServer, eventually};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -110,6 +117,16 @@ impl Nimbus {
     async fn request(&self, method: &str, path: &str, body: &[u8]) -> Reply {
         request(self.addr, method, path, &[], body).await
     }
+
+    /// `route` with the method it accepts.
+    async fn call(&self, route: &Route, body: &[u8]) -> Reply {
+        self.request(route.method().as_str(), &route.path(), body).await
+    }
+}
+
+/// A request body as the API's typed request serializes it.
+fn body(request: &impl Serialize) -> Vec<u8> {
+    serde_json::to_vec(request).unwrap()
 }
 
 #[derive(Debug)]
@@ -120,9 +137,12 @@ struct Reply {
 }
 
 impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    /// The body as the API's response type `T`.
+    fn decode<T: DeserializeOwned>(&self) -> T {
+        cluster_state::api::decode_response(&self.body).unwrap_or_else(|e| {
+            let body = String::from_utf8_lossy(&self.body);
+            panic!("not a {} ({e}): {body}", std::any::type_name::<T>())
+        })
     }
 
     fn header(&self, name: &str) -> Option<&str> {
@@ -132,9 +152,8 @@ impl Reply {
     /// Asserts a JSON error with this status whose message contains `needle`.
     fn assert_error(&self, status: u16, needle: &str) {
         assert_eq!(self.status, status, "{}", String::from_utf8_lossy(&self.body));
-        let body = self.json();
-        let message = body["errorMessage"].as_str().unwrap_or_default();
-        assert!(body["error"].is_string() && message.contains(needle), "{needle:?} not in {body}");
+        let body: ErrorBody = self.decode();
+        assert!(body.error_message.contains(needle), "{needle:?} not in {body:?}");
     }
 }
 
@@ -286,33 +305,24 @@ async fn summaries_over_real_zookeeper_skip_garbage_znodes() {
     nimbus.session().create("/storm/storms/wc-2-1700000001", b"\x00\xffgarbage", persistent).await.unwrap();
     nimbus.session().create("/storm/assignments/wc-2-1700000001", b"[]", persistent).await.unwrap();
 
-    let cluster = nimbus.request("GET", "/api/v1/cluster/summary", b"").await;
+    let cluster = nimbus.call(&Route::ClusterSummary, b"").await;
     assert_eq!(cluster.status, 200);
     assert_eq!(cluster.header("content-type"), Some("application/json"));
-    let body = cluster.json();
+    let body: ClusterSummary = cluster.decode();
     assert_eq!(
-        (
-            &body["topologies"],
-            &body["supervisors"],
-            &body["slotsTotal"],
-            &body["slotsUsed"],
-            &body["executorsTotal"]
-        ),
-        (&json!(1), &json!(1), &json!(3), &json!(2), &json!(3))
+        (body.topologies, body.supervisors, body.slots_total, body.slots_used, body.executors_total),
+        (1, 1, 3, 2, 3)
     );
     // The garbage under storms (a bad name, bad data) and assignments was skipped and counted
     // (the deadline timers' rescans may have counted it too).
     assert!(nimbus.transitions.metrics().garbage_znodes.get() >= 3);
-    let supervisors = nimbus.request("GET", "/api/v1/supervisor/summary", b"").await.json();
-    assert_eq!(supervisors["supervisors"][0]["id"], "sup-1");
-    assert_eq!(supervisors["supervisors"][0]["uptime"], "1h 1m 1s");
-    let topologies = nimbus.request("GET", "/api/v1/topology/summary", b"").await.json();
-    let list = topologies["topologies"].as_array().unwrap();
-    assert_eq!(list.len(), 1, "{topologies}");
-    assert_eq!(
-        (&list[0]["id"], &list[0]["status"], &list[0]["workersTotal"]),
-        (&json!(ID), &json!("ACTIVE"), &json!(2))
-    );
+    let supervisors: SupervisorSummaries = nimbus.call(&Route::SupervisorSummary, b"").await.decode();
+    assert_eq!(supervisors.supervisors[0].id.as_str(), "sup-1");
+    assert_eq!(supervisors.supervisors[0].uptime, "1h 1m 1s");
+    let topologies: TopologySummaries = nimbus.call(&Route::TopologySummary, b"").await.decode();
+    let list = &topologies.topologies;
+    assert_eq!(list.len(), 1, "{topologies:?}");
+    assert_eq!((&list[0].id, list[0].status.as_str(), list[0].workers_total), (&id(), "ACTIVE", 2));
     nimbus.stop().await;
 }
 
@@ -323,38 +333,33 @@ async fn topology_view_errors_and_bad_requests() {
     let nimbus = Nimbus::start(&ensemble, dir.path(), ApiConfig::default()).await;
     seed(nimbus.session(), nimbus.transitions.code()).await;
 
-    let view = nimbus.request("GET", &format!("/api/v1/topology/{ID}"), b"").await;
+    let view = nimbus.call(&Route::Topology(id()), b"").await;
     assert_eq!(view.status, 200);
-    let view = view.json();
-    assert_eq!((&view["id"], &view["name"], &view["status"]), (&json!(ID), &json!("wc"), &json!("ACTIVE")));
-    assert_eq!((&view["requestedWorkers"], &view["componentExecutors"]["split"]), (&json!(2), &json!(2)));
-    assert_eq!(view["pendingTransition"], Value::Null);
+    let view: TopologyDetail = view.decode();
+    let summary = &view.summary;
+    assert_eq!((&summary.id, summary.name.as_str(), summary.status.as_str()), (&id(), "wc", "ACTIVE"));
+    assert_eq!((view.requested_workers, view.component_executors.get(&comp("split"))), (2, Some(&2)));
+    assert_eq!(view.pending_transition, None);
 
-    let errors = nimbus.request("GET", &format!("/api/v1/topology/{ID}/errors"), b"").await.json();
-    let texts: Vec<&str> =
-        errors["errors"].as_array().unwrap().iter().map(|e| e["error"].as_str().unwrap()).collect();
+    let errors: TopologyErrors = nimbus.call(&Route::TopologyErrors(id()), b"").await.decode();
+    let texts: Vec<&str> = errors.errors.iter().map(|e| e.error.as_str()).collect();
     assert_eq!(texts, ["newest failure", "older failure"]);
-    assert_eq!(
-        (&errors["errors"][0]["component"], &errors["errors"][0]["errorPort"]),
-        (&json!("split"), &json!(6700))
-    );
+    assert_eq!((&errors.errors[0].component, errors.errors[0].error_port), (&comp("split"), 6700));
 
+    let other: TopologyId = "wc-9-1700000000".parse().unwrap();
+    nimbus.call(&Route::Topology(other.clone()), b"").await.assert_error(404, "no topology wc-9-1700000000");
+    nimbus.call(&Route::TopologyErrors(other), b"").await.assert_error(404, "no topology");
+    nimbus.request("GET", &format!("{API_PREFIX}/topology/.."), b"").await.assert_error(400, "topology id");
     nimbus
-        .request("GET", "/api/v1/topology/wc-9-1700000000", b"")
+        .request("GET", &format!("{API_PREFIX}/topology/../errors"), b"")
         .await
-        .assert_error(404, "no topology wc-9-1700000000");
-    nimbus
-        .request("GET", "/api/v1/topology/wc-9-1700000000/errors", b"")
-        .await
-        .assert_error(404, "no topology");
-    nimbus.request("GET", "/api/v1/topology/..", b"").await.assert_error(400, "topology id");
-    nimbus.request("GET", "/api/v1/topology/../errors", b"").await.assert_error(400, "topology id");
-    nimbus.request("GET", "/api/v1/nope", b"").await.assert_error(404, "no such resource");
-    let wrong = nimbus.request("POST", "/api/v1/cluster/summary", b"").await;
+        .assert_error(400, "topology id");
+    nimbus.request("GET", &format!("{API_PREFIX}/nope"), b"").await.assert_error(404, "no such resource");
+    let wrong = nimbus.request("POST", &Route::ClusterSummary.path(), b"").await;
     wrong.assert_error(405, "accepts GET");
     assert_eq!(wrong.header("allow"), Some("GET"));
     nimbus
-        .request("GET", &format!("/api/v1/topology/{ID}/kill/0"), b"")
+        .request("GET", &Route::Kill { id: id(), wait_secs: 0 }.path(), b"")
         .await
         .assert_error(405, "accepts POST");
     nimbus.stop().await;
@@ -366,62 +371,67 @@ async fn lifecycle_operations_write_the_base_record() {
     let dir = tempfile::tempdir().unwrap();
     let nimbus = Nimbus::start(&ensemble, dir.path(), ApiConfig::default()).await;
     seed(nimbus.session(), nimbus.transitions.code()).await;
-    let post = |path: String, body: &'static [u8]| {
-        let addr = nimbus.addr;
-        async move { request(addr, "POST", &path, &[], body).await }
-    };
+    let rebalance = |wait_secs| Route::Rebalance { id: id(), wait_secs };
+    let kill = |wait_secs| Route::Kill { id: id(), wait_secs };
 
-    let reply = post(format!("/api/v1/topology/{ID}/deactivate"), b"").await;
+    let reply = nimbus.call(&Route::Deactivate(id()), b"").await;
     assert_eq!(reply.status, 200);
-    assert_eq!(
-        reply.json(),
-        json!({"topologyOperation": "deactivate", "topologyId": ID, "status": "success", "topologyStatus": "INACTIVE"})
-    );
+    // The whole body, byte for byte: no other field (the keys are golden in cluster-state).
+    let deactivated = TopologyOperation {
+        topology_operation: Operation::Deactivate,
+        topology_id: id(),
+        status: "success".into(),
+        topology_status: "INACTIVE".into(),
+    };
+    assert_eq!(String::from_utf8_lossy(&reply.body), String::from_utf8_lossy(&body(&deactivated)));
     assert_eq!(stored_base(nimbus.session()).await.unwrap().status, TopologyStatus::Inactive);
-    assert_eq!(post(format!("/api/v1/topology/{ID}/activate"), b"").await.status, 200);
+    assert_eq!(nimbus.call(&Route::Activate(id()), b"").await.status, 200);
     let before = stored_base(nimbus.session()).await.unwrap();
     assert_eq!(before.status, TopologyStatus::Active);
 
-    post(format!("/api/v1/topology/{ID}/rebalance/x"), b"").await.assert_error(400, "wait-time");
-    post(format!("/api/v1/topology/{ID}/rebalance/5"), br#"{"numWorkers":"many"}"#)
+    nimbus
+        .request("POST", &format!("{API_PREFIX}/topology/{ID}/rebalance/x"), b"")
         .await
-        .assert_error(400, "numWorkers");
-    post(format!("/api/v1/topology/{ID}/rebalance/5"), br#"{"executors":{"nope":2}}"#)
-        .await
-        .assert_error(400, "no component nope");
-    // Storm caps executors at tasks: more executors than split's 2 tasks is refused.
-    post(format!("/api/v1/topology/{ID}/rebalance/5"), br#"{"executors":{"split":"4"}}"#)
+        .assert_error(400, "wait-time");
+    nimbus.call(&rebalance(5), br#"{"numWorkers":"many"}"#).await.assert_error(400, "numWorkers");
+    let unknown =
+        RebalanceRequest { executors: Some([(comp("nope"), Count(2))].into()), ..Default::default() };
+    nimbus.call(&rebalance(5), &body(&unknown)).await.assert_error(400, "no component nope");
+    // Storm caps executors at tasks: more executors than split's 2 tasks is refused. Written as
+    // Storm UI writes counts (a string), so the refusal shows it was read.
+    nimbus
+        .call(&rebalance(5), br#"{"executors":{"split":"4"}}"#)
         .await
         .assert_error(400, "component split has 2 tasks");
-    post("/api/v1/topology/wc-9-1700000000/activate".into(), b"").await.assert_error(404, "no topology");
+    let other: TopologyId = "wc-9-1700000000".parse().unwrap();
+    nimbus.call(&Route::Activate(other), b"").await.assert_error(404, "no topology");
     let huge = vec![b' '; 100 * 1024];
-    request(nimbus.addr, "POST", &format!("/api/v1/topology/{ID}/rebalance/5"), &[], &huge)
-        .await
-        .assert_error(413, "larger than");
+    nimbus.call(&rebalance(5), &huge).await.assert_error(413, "larger than");
     assert_eq!(stored_base(nimbus.session()).await.unwrap(), before, "refused requests wrote nothing");
 
-    let reply = post(
-        format!("/api/v1/topology/{ID}/rebalance/600"),
-        br#"{"rebalanceOptions":{"numWorkers":3,"executors":{"split":"1"}}}"#,
-    )
-    .await;
-    assert_eq!(reply.json()["topologyStatus"], "REBALANCING");
+    let options = RebalanceOptions {
+        num_workers: Some(Count(3)),
+        executors: [(comp("split"), Count(1))].into_iter().collect(),
+    };
+    let reply = nimbus.call(&rebalance(600), &body(&RebalanceRequest::new(options))).await;
+    assert_eq!(reply.decode::<TopologyOperation>().topology_status, "REBALANCING");
     let stored = stored_base(nimbus.session()).await.unwrap();
     assert!(matches!(
         stored.pending_transition,
         Some(DelayedTransition::Rebalance { num_workers: Some(3), ref component_executors, .. })
             if component_executors == &BTreeMap::from([(comp("split"), 1)])
     ));
-    post(format!("/api/v1/topology/{ID}/activate"), b"").await.assert_error(409, "is rebalancing");
+    nimbus.call(&Route::Activate(id()), b"").await.assert_error(409, "is rebalancing");
 
     // Any wait is taken, even one no clock reaches; a later kill brings it forward.
-    let forever = post(format!("/api/v1/topology/{ID}/kill/{}", u64::MAX), b"").await;
-    assert_eq!(forever.json()["topologyStatus"], "KILLED");
-    assert_eq!(post(format!("/api/v1/topology/{ID}/kill/600"), b"").await.json()["topologyStatus"], "KILLED");
-    let view = nimbus.request("GET", &format!("/api/v1/topology/{ID}"), b"").await.json();
-    assert_eq!(view["pendingTransition"]["action"], "kill");
-    assert!(view["pendingTransition"]["secondsLeft"].as_u64().unwrap() > 590, "{view}");
-    post(format!("/api/v1/topology/{ID}/deactivate"), b"").await.assert_error(409, "is killed");
+    let forever = nimbus.call(&kill(u64::MAX), b"").await;
+    assert_eq!(forever.decode::<TopologyOperation>().topology_status, "KILLED");
+    assert_eq!(nimbus.call(&kill(600), b"").await.decode::<TopologyOperation>().topology_status, "KILLED");
+    let view: TopologyDetail = nimbus.call(&Route::Topology(id()), b"").await.decode();
+    let pending = view.pending_transition.as_ref().expect("a pending kill");
+    assert_eq!(pending.action, PendingAction::Kill);
+    assert!(pending.seconds_left > 590, "{view:?}");
+    nimbus.call(&Route::Deactivate(id()), b"").await.assert_error(409, "is killed");
     nimbus.stop().await;
 }
 
@@ -432,22 +442,20 @@ async fn mutating_calls_need_the_token() {
     let config = ApiConfig { token: Some("s3cret".into()), ..Default::default() };
     let nimbus = Nimbus::start(&ensemble, dir.path(), config).await;
     seed(nimbus.session(), nimbus.transitions.code()).await;
-    let path = format!("/api/v1/topology/{ID}/deactivate");
+    let path = Route::Deactivate(id()).path();
 
     request(nimbus.addr, "POST", &path, &[], b"").await.assert_error(401, "Authorization: Bearer");
     request(nimbus.addr, "POST", &path, &[("Authorization", "Bearer nope")], b"")
         .await
         .assert_error(401, "wrong");
-    request(nimbus.addr, "POST", "/api/v1/uploads", &[], br#"{"size":1}"#).await.assert_error(401, "Bearer");
+    request(nimbus.addr, "POST", &Route::BeginUpload.path(), &[], &body(&BeginUpload { size: 1 }))
+        .await
+        .assert_error(401, "Bearer");
     assert_eq!(stored_base(nimbus.session()).await.unwrap().status, TopologyStatus::Active);
     let ok = request(nimbus.addr, "POST", &path, &[("Authorization", "Bearer s3cret")], b"").await;
     assert_eq!(ok.status, 200);
     assert_eq!(stored_base(nimbus.session()).await.unwrap().status, TopologyStatus::Inactive);
-    assert_eq!(
-        nimbus.request("GET", "/api/v1/topology/summary", b"").await.status,
-        200,
-        "reads need no token"
-    );
+    assert_eq!(nimbus.call(&Route::TopologySummary, b"").await.status, 200, "reads need no token");
     nimbus.stop().await;
 }
 
@@ -459,15 +467,17 @@ async fn the_bearer_scheme_is_case_insensitive() {
     let nimbus = Nimbus::start(&ensemble, dir.path(), config).await;
     seed(nimbus.session(), nimbus.transitions.code()).await;
     // RFC 7235: "bearer", "BEARER" are the same scheme; spaces may separate it from the token.
-    for (verb, authorization) in
-        [("deactivate", "bearer s3cret"), ("activate", "BEARER s3cret"), ("deactivate", "Bearer  s3cret")]
-    {
-        let path = format!("/api/v1/topology/{ID}/{verb}");
+    for (route, authorization) in [
+        (Route::Deactivate(id()), "bearer s3cret"),
+        (Route::Activate(id()), "BEARER s3cret"),
+        (Route::Deactivate(id()), "Bearer  s3cret"),
+    ] {
+        let path = route.path();
         let reply = request(nimbus.addr, "POST", &path, &[("Authorization", authorization)], b"").await;
         assert_eq!(reply.status, 200, "{authorization:?}: {}", String::from_utf8_lossy(&reply.body));
     }
     assert_eq!(stored_base(nimbus.session()).await.unwrap().status, TopologyStatus::Inactive);
-    let path = format!("/api/v1/topology/{ID}/activate");
+    let path = Route::Activate(id()).path();
     for authorization in ["Basic s3cret", "bearer", "Bearers3cret"] {
         let reply = request(nimbus.addr, "POST", &path, &[("Authorization", authorization)], b"").await;
         assert_eq!(reply.status, 401, "{authorization:?}");
@@ -484,10 +494,9 @@ async fn server_failures_say_what_failed_without_server_paths() {
     // The code dir cannot be written: installing the code fails on the server's disk.
     std::fs::remove_dir_all(dir.path().join("stormdist")).unwrap();
     std::fs::write(dir.path().join("stormdist"), b"not a directory").unwrap();
-    let body = format!(r#"{{"topologyUpload":"{topology}"}}"#);
-    let reply = nimbus.request("POST", "/api/v1/topology/submit", body.as_bytes()).await;
+    let reply = nimbus.call(&Route::Submit, &body(&submit(topology))).await;
     reply.assert_error(500, "nimbus's code store failed to read or write a file");
-    let message = reply.json()["errorMessage"].as_str().unwrap().to_owned();
+    let message = reply.decode::<ErrorBody>().error_message;
     assert!(!message.contains(dir.path().to_str().unwrap()) && !message.contains('/'), "{message}");
     nimbus.stop().await;
 }
@@ -500,8 +509,8 @@ async fn one_client_cannot_take_every_upload_slot() {
         CodeStoreLimits { max_pending_uploads: 3, max_pending_uploads_per_client: 2, ..Default::default() };
     let nimbus =
         Nimbus::start_with(&ensemble, dir.path(), ApiConfig::default(), limits, Duration::from_secs(1)).await;
-    let begin =
-        |source: [u8; 4]| request_from(source, nimbus.addr, "POST", "/api/v1/uploads", &[], br#"{"size":1}"#);
+    let (path, one_byte) = (Route::BeginUpload.path(), body(&BeginUpload { size: 1 }));
+    let begin = |source: [u8; 4]| request_from(source, nimbus.addr, "POST", &path, &[], &one_byte);
     assert_eq!(begin([127, 0, 0, 1]).await.status, 201);
     assert_eq!(begin([127, 0, 0, 1]).await.status, 201);
     begin([127, 0, 0, 1]).await.assert_error(429, "from 127.0.0.1 (2)");
@@ -518,96 +527,80 @@ async fn chunked_upload_and_code_download() {
     let nimbus = Nimbus::start_with(&ensemble, dir.path(), config, limits, Duration::from_secs(1)).await;
     let data: Vec<u8> = (0..250u32).map(|i| (i % 251) as u8).collect();
 
-    let begun = nimbus.request("POST", "/api/v1/uploads", br#"{"size":250}"#).await;
+    let begun = nimbus.call(&Route::BeginUpload, &body(&BeginUpload { size: 250 })).await;
     assert_eq!(begun.status, 201);
-    let upload = begun.json()["uploadId"].as_str().unwrap().to_owned();
+    let upload = begun.decode::<UploadBegun>().upload_id;
+    let chunk_at = |offset| Route::Chunk { upload, offset };
     for (offset, chunk) in [(0, &data[..100]), (100, &data[100..200]), (200, &data[200..])] {
-        let reply = nimbus.request("POST", &format!("/api/v1/uploads/{upload}/chunks/{offset}"), chunk).await;
-        assert_eq!(reply.json()["received"], json!(offset + chunk.len()));
+        let reply = nimbus.call(&chunk_at(offset), chunk).await;
+        assert_eq!(reply.decode::<ChunkReceived>().received, offset + chunk.len() as u64);
     }
-    nimbus
-        .request("POST", &format!("/api/v1/uploads/{upload}/chunks/0"), &data[..10])
-        .await
-        .assert_error(409, "offset 0");
-    let wrong = json!({"sha256": sha256_hex(b"other")}).to_string();
+    nimbus.call(&chunk_at(0), &data[..10]).await.assert_error(409, "offset 0");
+    let wrong = FinishUpload { sha256: sha256_hex(b"other") };
     // A wrong checksum discards the upload; begin again.
-    nimbus
-        .request("POST", &format!("/api/v1/uploads/{upload}/finish"), wrong.as_bytes())
-        .await
-        .assert_error(400, "mismatch");
-    nimbus
-        .request("POST", &format!("/api/v1/uploads/{upload}/finish"), b"{}")
-        .await
-        .assert_error(400, "sha256");
+    nimbus.call(&Route::FinishUpload(upload), &body(&wrong)).await.assert_error(400, "mismatch");
+    nimbus.call(&Route::FinishUpload(upload), b"{}").await.assert_error(400, "sha256");
 
-    let upload = nimbus.request("POST", "/api/v1/uploads", br#"{"size":250}"#).await.json()["uploadId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let begun = nimbus.call(&Route::BeginUpload, &body(&BeginUpload { size: 250 })).await;
+    let upload = begun.decode::<UploadBegun>().upload_id;
     for (offset, chunk) in [(0, &data[..100]), (100, &data[100..200]), (200, &data[200..])] {
-        assert_eq!(
-            nimbus.request("POST", &format!("/api/v1/uploads/{upload}/chunks/{offset}"), chunk).await.status,
-            200
-        );
+        assert_eq!(nimbus.call(&Route::Chunk { upload, offset }, chunk).await.status, 200);
     }
-    let right = json!({"sha256": sha256_hex(&data)}).to_string();
-    let finished =
-        nimbus.request("POST", &format!("/api/v1/uploads/{upload}/finish"), right.as_bytes()).await.json();
-    assert_eq!((&finished["size"], &finished["sha256"]), (&json!(250), &json!(sha256_hex(&data))));
+    let right = FinishUpload { sha256: sha256_hex(&data) };
+    let finished: UploadFinished = nimbus.call(&Route::FinishUpload(upload), &body(&right)).await.decode();
+    assert_eq!((finished.size, finished.sha256), (250, sha256_hex(&data)));
 
     // Submit (a later issue) installs it; here the code store does what submit will.
     let code = nimbus.transitions.code();
-    let upload_id = upload.parse().unwrap();
-    let verified = nimbus::code_store::Upload { id: upload_id, size: 250, sha256: sha256_hex(&data) };
+    let verified = nimbus::code_store::Upload { id: upload, size: 250, sha256: sha256_hex(&data) };
     code.install(&verified, &id(), CodeFile::WorkerBinary).await.unwrap();
-    let download = nimbus.request("GET", &format!("/api/v1/topology/{ID}/code/worker"), b"").await;
+    let download = nimbus.call(&Route::Code(id(), CodeFile::WorkerBinary), b"").await;
     assert_eq!(download.status, 200);
     assert_eq!(download.body, data);
     assert_eq!(download.header(CHECKSUM_HEADER), Some(sha256_hex(&data).as_str()));
     assert_eq!(download.header("content-length"), Some("250"));
-    nimbus
-        .request("GET", &format!("/api/v1/topology/{ID}/code/topology.yaml"), b"")
-        .await
-        .assert_error(404, "no code file");
+    nimbus.call(&Route::Code(id(), CodeFile::Topology), b"").await.assert_error(404, "no code file");
 
     // Sizes and names a client cannot get past.
-    nimbus.request("POST", "/api/v1/uploads", br#"{"size":1001}"#).await.assert_error(413, "limit of 1000");
-    nimbus.request("POST", "/api/v1/uploads", br#"{"size":-1}"#).await.assert_error(400, "size");
-    let small = nimbus.request("POST", "/api/v1/uploads", br#"{"size":500}"#).await.json()["uploadId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
     nimbus
-        .request("POST", &format!("/api/v1/uploads/{small}/chunks/0"), &[0; 101])
+        .call(&Route::BeginUpload, &body(&BeginUpload { size: 1001 }))
+        .await
+        .assert_error(413, "limit of 1000");
+    nimbus.call(&Route::BeginUpload, br#"{"size":-1}"#).await.assert_error(400, "size");
+    let small = nimbus.call(&Route::BeginUpload, &body(&BeginUpload { size: 500 })).await;
+    let small = small.decode::<UploadBegun>().upload_id;
+    nimbus
+        .call(&Route::Chunk { upload: small, offset: 0 }, &[0; 101])
         .await
         .assert_error(413, "larger than 100");
     nimbus
-        .request("POST", &format!("/api/v1/uploads/{small}/chunks/x"), b"a")
+        .request("POST", &format!("{API_PREFIX}/uploads/{small}/chunks/x"), b"a")
         .await
         .assert_error(400, "offset");
     for bad in ["..", "..%2F..%2Fstormdist", "%2e%2e", "123e4567e89b42d3a456426614174000", "nope"] {
         nimbus
-            .request("POST", &format!("/api/v1/uploads/{bad}/chunks/0"), b"a")
+            .request("POST", &format!("{API_PREFIX}/uploads/{bad}/chunks/0"), b"a")
             .await
             .assert_error(400, "invalid upload id");
     }
     nimbus
-        .request("POST", "/api/v1/uploads/../../x/chunks/0", b"a")
+        .request("POST", &format!("{API_PREFIX}/uploads/../../x/chunks/0"), b"a")
         .await
         .assert_error(404, "no such resource");
     for bad in ["..", "worker.sha256", "..%2Fworker", "%2e%2e"] {
         nimbus
-            .request("GET", &format!("/api/v1/topology/{ID}/code/{bad}"), b"")
+            .request("GET", &format!("{API_PREFIX}/topology/{ID}/code/{bad}"), b"")
             .await
             .assert_error(404, "unknown code file");
     }
-    nimbus.request("GET", "/api/v1/topology/../code/worker", b"").await.assert_error(400, "topology id");
-    nimbus.request("GET", "/api/v1/topology/%2e%2e/code/worker", b"").await.assert_error(400, "topology id");
-    let unknown = "123e4567-e89b-42d3-a456-426614174000";
-    nimbus
-        .request("POST", &format!("/api/v1/uploads/{unknown}/chunks/0"), b"a")
-        .await
-        .assert_error(404, "no upload");
+    for bad in ["..", "%2e%2e"] {
+        nimbus
+            .request("GET", &format!("{API_PREFIX}/topology/{bad}/code/worker"), b"")
+            .await
+            .assert_error(400, "topology id");
+    }
+    let unknown: UploadId = "123e4567-e89b-42d3-a456-426614174000".parse().unwrap();
+    nimbus.call(&Route::Chunk { upload: unknown, offset: 0 }, b"a").await.assert_error(404, "no upload");
     nimbus.stop().await;
 }
 
@@ -617,8 +610,8 @@ async fn kill_survives_a_nimbus_restart() {
     let dir = tempfile::tempdir().unwrap();
     let first = Nimbus::start(&ensemble, dir.path(), ApiConfig::default()).await;
     seed(first.session(), first.transitions.code()).await;
-    let killed = first.request("POST", &format!("/api/v1/topology/{ID}/kill/2"), b"").await;
-    assert_eq!(killed.json()["topologyStatus"], "KILLED");
+    let killed = first.call(&Route::Kill { id: id(), wait_secs: 2 }, b"").await;
+    assert_eq!(killed.decode::<TopologyOperation>().topology_status, "KILLED");
     // The first nimbus goes away before the deadline, with everything it kept in memory.
     first.stop().await;
     let observer = ensemble.connect(&SessionOptions::default()).await.unwrap();
@@ -636,8 +629,8 @@ async fn kill_survives_a_nimbus_restart() {
         assert!(observer.exists(&path).await.unwrap().is_none(), "{path} is left");
     }
     assert!(!dir.path().join(format!("stormdist/{ID}")).exists(), "code dir is left");
-    let list = second.request("GET", "/api/v1/topology/summary", b"").await.json();
-    assert_eq!(list["topologies"], json!([]));
+    let list: TopologySummaries = second.call(&Route::TopologySummary, b"").await.decode();
+    assert_eq!(list.topologies, []);
     second.stop().await;
 }
 
@@ -651,7 +644,7 @@ async fn a_kill_fires_at_its_deadline_without_waiting_for_a_rescan() {
             .await;
     seed(nimbus.session(), nimbus.transitions.code()).await;
     let started = tokio::time::Instant::now();
-    assert_eq!(nimbus.request("POST", &format!("/api/v1/topology/{ID}/kill/1"), b"").await.status, 200);
+    assert_eq!(nimbus.call(&Route::Kill { id: id(), wait_secs: 1 }, b"").await.status, 200);
     eventually(DEADLINE, "the kill to complete", || async {
         stored_base(nimbus.session()).await.is_none().then_some(())
     })
@@ -720,7 +713,8 @@ async fn shutdown_closes_idle_keep_alive_connections() {
     let dir = tempfile::tempdir().unwrap();
     let nimbus = Nimbus::start(&ensemble, dir.path(), ApiConfig::default()).await;
     let mut stream = TcpStream::connect(nimbus.addr).await.unwrap();
-    stream.write_all(b"GET /api/v1/cluster/summary HTTP/1.1\r\nHost: n\r\n\r\n").await.unwrap();
+    let head = format!("GET {} HTTP/1.1\r\nHost: n\r\n\r\n", Route::ClusterSummary.path());
+    stream.write_all(head.as_bytes()).await.unwrap();
     let mut buf = vec![0; 4096];
     let n = stream.read(&mut buf).await.unwrap();
     assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
@@ -751,7 +745,7 @@ async fn serve_runs_until_shutdown_or_until_its_session_ends() {
                 }
             });
             eventually(DEADLINE, "nimbus to answer", || async {
-                let reply = request(addr, "GET", "/api/v1/cluster/summary", &[], b"").await;
+                let reply = request(addr, "GET", &Route::ClusterSummary.path(), &[], b"").await;
                 (reply.status == 200).then_some(())
             })
             .await;
@@ -818,17 +812,18 @@ async fn leftovers_of_topologies_without_a_base_record_are_cleaned_up() {
 }
 
 /// Uploads `data` through the API; returns the upload id.
-async fn upload(nimbus: &Nimbus, data: &[u8]) -> String {
-    let begun =
-        nimbus.request("POST", "/api/v1/uploads", format!("{{\"size\":{}}}", data.len()).as_bytes()).await;
-    let id = begun.json()["uploadId"].as_str().unwrap().to_owned();
-    assert_eq!(nimbus.request("POST", &format!("/api/v1/uploads/{id}/chunks/0"), data).await.status, 200);
-    let finish = format!("{{\"sha256\":\"{}\"}}", sha256_hex(data));
-    assert_eq!(
-        nimbus.request("POST", &format!("/api/v1/uploads/{id}/finish"), finish.as_bytes()).await.status,
-        200
-    );
+async fn upload(nimbus: &Nimbus, data: &[u8]) -> UploadId {
+    let begun = nimbus.call(&Route::BeginUpload, &body(&BeginUpload { size: data.len() as u64 })).await;
+    let id = begun.decode::<UploadBegun>().upload_id;
+    assert_eq!(nimbus.call(&Route::Chunk { upload: id, offset: 0 }, data).await.status, 200);
+    let finish = FinishUpload { sha256: sha256_hex(data) };
+    assert_eq!(nimbus.call(&Route::FinishUpload(id), &body(&finish)).await.status, 200);
     id
+}
+
+/// The submit of an uploaded topology file, as `squall submit` sends it by default.
+fn submit(topology: UploadId) -> SubmitTopology {
+    SubmitTopology { topology_upload: topology, worker_upload: None, inactive: false, owner: String::new() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -843,12 +838,12 @@ async fn submit_writes_base_heartbeat_dir_code_and_first_assignment() {
 
     let file = TOPOLOGY_FILE.replace("name: wc", "name: counter");
     let topology = upload(&nimbus, file.as_bytes()).await;
-    let body = format!(r#"{{"topologyUpload":"{topology}","inactive":true,"owner":"alice"}}"#);
-    let reply = nimbus.request("POST", "/api/v1/topology/submit", body.as_bytes()).await;
+    let request = SubmitTopology { inactive: true, owner: "alice".into(), ..submit(topology) };
+    let reply = nimbus.call(&Route::Submit, &body(&request)).await;
     assert_eq!(reply.status, 201, "{}", String::from_utf8_lossy(&reply.body));
-    let submitted = reply.json();
-    let id: TopologyId = submitted["id"].as_str().unwrap().parse().unwrap();
-    assert_eq!((id.name(), submitted["status"].as_str()), ("counter", Some("inactive")));
+    let submitted: Submitted = reply.decode();
+    let id = submitted.id;
+    assert_eq!((id.name(), submitted.status.as_str()), ("counter", "inactive"));
     let (base, _) = nimbus.session().read::<StormBase>(&paths.storm(&id)).await.unwrap();
     assert_eq!((base.status, base.num_workers, base.owner.as_str()), (TopologyStatus::Inactive, 2, "alice"));
     assert_eq!(base.component_executors, [(comp("count"), 1), (comp("split"), 2)].into_iter().collect());
@@ -863,11 +858,7 @@ async fn submit_writes_base_heartbeat_dir_code_and_first_assignment() {
 
     // The same name again: refused while the first runs; nothing new is written.
     let again = upload(&nimbus, file.as_bytes()).await;
-    let body = format!(r#"{{"topologyUpload":"{again}"}}"#);
-    nimbus
-        .request("POST", "/api/v1/topology/submit", body.as_bytes())
-        .await
-        .assert_error(409, "already running");
+    nimbus.call(&Route::Submit, &body(&submit(again))).await.assert_error(409, "already running");
     assert_eq!(nimbus.session().children(&paths.storms_dir()).await.unwrap(), vec![id.to_string()]);
     nimbus.stop().await;
 }
@@ -879,23 +870,21 @@ async fn bad_submits_are_refused_naming_what_is_wrong_and_write_nothing() {
     let nimbus = Nimbus::start(&ensemble, dir.path(), ApiConfig::default()).await;
     let bad_file = upload(&nimbus, b"name: t\nbolts: [{id: b, parallelism: 0}]\n").await;
     let not_text = upload(&nimbus, b"name: \xff\xfe").await;
-    let cases: Vec<(String, u16, &str)> = vec![
-        ("{}".into(), 400, "topologyUpload"),
-        (r#"{"topologyUpload": 7}"#.into(), 400, "topologyUpload"),
-        (r#"{"topologyUpload": "../../etc"}"#.into(), 400, "upload id"),
-        (r#"{"topologyUpload": "00000000-0000-4000-8000-000000000000"}"#.into(), 404, "upload"),
-        (
-            format!(r#"{{"topologyUpload": "{bad_file}"}}"#),
-            400,
-            "bolts[0] \"b\": parallelism must be at least 1",
-        ),
-        (format!(r#"{{"topologyUpload": "{not_text}"}}"#), 400, "not UTF-8"),
-        (format!(r#"{{"topologyUpload": "{bad_file}", "inactive": "yes"}}"#), 400, "inactive"),
-        (format!(r#"{{"topologyUpload": "{bad_file}", "workerUpload": "nope"}}"#), 400, "upload id"),
-        ("[1]".into(), 400, "JSON object"),
+    let never_uploaded: UploadId = "00000000-0000-4000-8000-000000000000".parse().unwrap();
+    // Malformed bodies as literals; well-formed ones that nimbus refuses, typed.
+    let cases: Vec<(Vec<u8>, u16, &str)> = vec![
+        (b"{}".into(), 400, "topologyUpload"),
+        (br#"{"topologyUpload": 7}"#.into(), 400, "topologyUpload"),
+        (br#"{"topologyUpload": "../../etc"}"#.into(), 400, "upload id"),
+        (body(&submit(never_uploaded)), 404, "upload"),
+        (body(&submit(bad_file)), 400, "bolts[0] \"b\": parallelism must be at least 1"),
+        (body(&submit(not_text)), 400, "not UTF-8"),
+        (format!(r#"{{"topologyUpload": "{bad_file}", "inactive": "yes"}}"#).into(), 400, "inactive"),
+        (format!(r#"{{"topologyUpload": "{bad_file}", "workerUpload": "nope"}}"#).into(), 400, "upload id"),
+        (b"[1]".into(), 400, "JSON object"),
     ];
-    for (body, status, says) in cases {
-        nimbus.request("POST", "/api/v1/topology/submit", body.as_bytes()).await.assert_error(status, says);
+    for (request, status, says) in cases {
+        nimbus.call(&Route::Submit, &request).await.assert_error(status, says);
     }
     assert!(
         nimbus.session().children(&StormPaths::default().storms_dir()).await.unwrap_or_default().is_empty()

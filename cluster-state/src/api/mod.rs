@@ -5,7 +5,9 @@
 //! download) call it through the `nimbus-client` crate. Everything both ends agree on is here:
 //!
 //! - [`routes`]: [`Route`], every resource with its method; `Route::path` builds a request's
-//!   path and `Route::parse` reads it back (the only place `/api/v1` is spelled).
+//!   path and `Route::parse` reads it back, under [`API_PREFIX`] (the only place `/api/v1` is
+//!   spelled; tests build invalid paths from it, and `cluster-state/tests/api_paths.rs` checks
+//!   that no other crate spells it).
 //! - [`bodies`]: the request bodies (unknown fields refused where no Storm client sends extra
 //!   ones) and response bodies (unknown fields ignored, so a field can be added without breaking
 //!   older clients), with Storm UI's key names.
@@ -31,6 +33,10 @@ use crate::ids::IdError;
 
 pub use bodies::*;
 pub use routes::{InvalidSegment, Route, RouteError};
+
+/// The root of every route's path (Storm UI's). Clients build valid paths with [`Route::path`];
+/// this is exported for tests that must send paths no `Route` can make (`{API_PREFIX}/topology/..`).
+pub const API_PREFIX: &str = "/api/v1";
 
 /// The header carrying a code file's SHA-256 (lowercase hex) on download.
 pub const CHECKSUM_HEADER: &str = "x-checksum-sha256";

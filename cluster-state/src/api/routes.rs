@@ -1,6 +1,5 @@
 //! Every resource of the API with its method: built into a path by clients
-//! ([`Route::path`]), read back by nimbus ([`Route::parse`]). The only place `/api/v1` is
-//! spelled.
+//! ([`Route::path`]), read back by nimbus ([`Route::parse`]), under [`API_PREFIX`].
 //!
 //! ```text
 //! GET  /api/v1/cluster/summary                    ClusterSummary
@@ -21,11 +20,9 @@
 
 use hyper::Method;
 
-use crate::api::UploadId;
+use crate::api::{API_PREFIX, UploadId};
 use crate::code::CodeFile;
 use crate::ids::{IdError, TopologyId};
-
-const PREFIX: &str = "/api/v1/";
 
 /// One resource of the API, its path segments typed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,14 +127,14 @@ impl Route {
             Route::Chunk { upload, offset } => format!("uploads/{upload}/chunks/{offset}"),
             Route::FinishUpload(upload) => format!("uploads/{upload}/finish"),
         };
-        format!("{PREFIX}{rest}")
+        format!("{API_PREFIX}/{rest}")
     }
 
     /// Reads a request path. The route's shape is matched first, so a bad segment is reported
     /// with the method the route accepts (nimbus answers a wrong method before a bad id).
     pub fn parse(path: &str) -> Result<Route, RouteError> {
         let not_found = || RouteError::NoSuchResource { path: path.chars().take(200).collect() };
-        let rest = path.strip_prefix(PREFIX).ok_or_else(not_found)?;
+        let rest = path.strip_prefix(API_PREFIX).and_then(|p| p.strip_prefix('/')).ok_or_else(not_found)?;
         let segments: Vec<&str> = rest.split('/').collect();
         let (get, post) = (Method::GET, Method::POST);
         let (method, route) = match segments.as_slice() {
