@@ -56,6 +56,10 @@ pub struct LocalCommand {
     /// mock cluster).
     #[arg(long)]
     pub brokers: Option<String>,
+    /// Port of the Kafka components' and nimbus's `/metrics` (0: a free one; the address is
+    /// printed). Each worker serves its own executor metrics as in a cluster.
+    #[arg(long, value_name = "PORT", default_value_t = 0)]
+    pub metrics_port: u16,
 }
 
 /// Per-component totals, summed over its executors.
@@ -441,6 +445,7 @@ pub fn execute(cmd: LocalCommand) -> Result<(), String> {
         &cmd,
         &text,
         registry,
+        kafka_metrics,
         ensemble,
         dir.path(),
         workers,
@@ -465,6 +470,7 @@ async fn run_cluster(
     cmd: &LocalCommand,
     text: &str,
     registry: Registry,
+    shared_metrics: prometheus::Registry,
     ensemble: Ensemble,
     dir: &std::path::Path,
     workers: u32,
@@ -497,8 +503,21 @@ async fn run_cluster(
         squall: std::env::current_exe().map_err(|e| format!("cannot find the squall executable: {e}"))?,
         zookeeper: cmd.zookeeper.clone(),
     };
+    // The Kafka spouts' and bolts' metrics are shared by every in-process worker: served once,
+    // with nimbus's (group lag included), on a port of their own.
+    let metrics_listener = tokio::net::TcpListener::bind(("127.0.0.1", cmd.metrics_port))
+        .await
+        .map_err(|e| format!("cannot listen for /metrics on port {}: {e}", cmd.metrics_port))?;
+    if let Ok(addr) = metrics_listener.local_addr() {
+        eprintln!("squall local: Kafka and nimbus metrics at http://{addr}/metrics");
+    }
+    let metrics_server = tokio::spawn(cluster_state::metrics::serve(
+        metrics_listener,
+        shared_metrics.clone(),
+        shutdown.clone(),
+    ));
     // Spawned once nothing can fail before the awaits below.
-    let metrics = prometheus::Registry::new();
+    let metrics = shared_metrics;
     let nimbus = tokio::spawn({
         let (ensemble, shutdown) = (ensemble.clone(), shutdown.clone());
         async move { nimbus::serve(nimbus_config, listener, ensemble, &metrics, shutdown).await }
@@ -518,6 +537,7 @@ async fn run_cluster(
     let _ = supervisor.await;
     launcher.stop_all(DRAIN).await;
     let _ = nimbus.await;
+    let _ = metrics_server.await;
     let Ran { took: ran, totals, errors } = outcome?;
     for e in errors.iter().flat_map(|reply| &reply.errors) {
         eprintln!("error in {}: {}", e.component, e.error);

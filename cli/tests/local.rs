@@ -76,3 +76,48 @@ fn a_bad_topology_file_names_the_file_line_and_element() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/topology.yaml"));
 }
+
+/// Issue 15: `squall local` serves the Kafka components' metrics (they are shared by its
+/// in-process workers, so they are served once, with nimbus's).
+#[test]
+fn squall_local_serves_the_kafka_spout_metrics() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = squall()
+        .args(["local", &example("kafka-wordcount.yaml"), "--duration", "20", "--progress", "0"])
+        .args(["--metrics-port", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let scrape = || -> Option<String> {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: local\r\nConnection: close\r\n\r\n").ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).ok()?;
+        Some(text)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = String::new();
+    let found = loop {
+        if let Some(text) = scrape() {
+            if text.lines().any(|l| l.starts_with("squall_spout_emitted_total{") && !l.ends_with(" 0")) {
+                break true;
+            }
+            last = text;
+        }
+        if Instant::now() >= deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        found,
+        "no emitting squall_spout_emitted_total series on port {port}; last scrape:\n{last}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

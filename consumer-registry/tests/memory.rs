@@ -165,6 +165,35 @@ async fn round_robin_groups_and_partition_source_changes() {
     b.close().await;
 }
 
+/// A member whose partition source fails when it joins knows no partitions and claims nothing,
+/// while the others already gave its share up: it asks again after the backoff, not at the
+/// next periodic refresh (the supervisor kill story saw a partition idle 20 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_partition_source_failed_asks_again_soon() {
+    let ensemble = Ensemble::in_memory();
+    let config = RegistryConfig { partition_refresh_interval_ms: 600_000, ..config() };
+    let mut group = Group::new(ensemble, config, BTreeMap::from([(topic("views"), 1)]));
+    group.source_topic("views", 4);
+    let a = group.start(None);
+    eventually(DEADLINE, "a to own every partition", || async {
+        (a.handle.ownership().partitions.len() == 4).then_some(())
+    })
+    .await;
+    group.source.1.store(6, std::sync::atomic::Ordering::SeqCst);
+    let joined = tokio::time::Instant::now();
+    let b = group.start(None);
+    eventually(DEADLINE, "b to get its share", || async {
+        (b.handle.ownership().partitions.len() == 2 && a.handle.ownership().partitions.len() == 2)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(group.source.1.load(std::sync::atomic::Ordering::SeqCst), 0, "the failure was used");
+    let took = joined.elapsed();
+    assert!(took < Duration::from_secs(10), "b claimed its share only after {took:?}");
+    a.close().await;
+    b.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unacknowledged_revocation_is_released_after_the_revoke_timeout() {
     let ensemble = Ensemble::in_memory();

@@ -14,6 +14,9 @@ use super::{Halt, Member, WatchKey};
 use crate::assign::{TopicPartition, TopicPartitions};
 use crate::zk::Zk;
 
+/// The least time a partition source (Kafka metadata) gets to answer during a rebalance.
+const SOURCE_TIMEOUT_FLOOR: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Member {
     /// The group's subscriptions, re-registering ourselves if our node is gone.
     pub(super) async fn read_members(
@@ -157,9 +160,12 @@ impl Member {
             self.topic_partitions.remove(topic);
             return;
         };
-        // A hung metadata call must not stall the group's bookkeeping.
-        let answer = tokio::time::timeout(self.config.backoff(), source.partitions(topic)).await;
-        match answer.unwrap_or_else(|_| Err("no answer within rebalance_backoff_ms".into())) {
+        // A hung metadata call must not stall the group's bookkeeping; but a first metadata
+        // request of a new client (connecting to the brokers) under load easily takes longer
+        // than a short rebalance backoff, hence the floor.
+        let bound = self.config.backoff().max(SOURCE_TIMEOUT_FLOOR);
+        let answer = tokio::time::timeout(bound, source.partitions(topic)).await;
+        match answer.unwrap_or_else(|_| Err(format!("no answer within {bound:?}").into())) {
             Ok(Some(partitions)) => {
                 self.topic_partitions.insert(topic.clone(), partitions);
             }
@@ -168,6 +174,13 @@ impl Member {
             }
             Err(e) => {
                 tracing::warn!(group = %self.spec.group, %topic, error = %e, "partition source failed; keeping the partitions known before");
+                // Knowing none, this member claims nothing of the topic while the others have
+                // already given this member's share up: ask again soon, not at the next
+                // periodic refresh.
+                if !self.topic_partitions.contains_key(topic) {
+                    self.refresh_source = true;
+                    self.schedule(self.config.backoff());
+                }
             }
         }
     }

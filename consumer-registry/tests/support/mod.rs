@@ -33,13 +33,21 @@ pub fn tp(t: &str, p: i32) -> TopicPartition {
 }
 
 /// A partition source answering from a fixed table, like the spout's metadata client.
+/// The next `.1` calls fail, as a metadata request to a broker that does not answer.
 #[derive(Debug, Default)]
-pub struct FixedSource(pub Mutex<BTreeMap<Topic, BTreeSet<Partition>>>);
+pub struct FixedSource(pub Mutex<BTreeMap<Topic, BTreeSet<Partition>>>, pub std::sync::atomic::AtomicU32);
 
 impl PartitionSource for FixedSource {
     fn partitions<'a>(&'a self, topic: &'a Topic) -> BoxFuture<'a, SourcedPartitions> {
+        use std::sync::atomic::Ordering;
+        let failing = self.1.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
         let answer = self.0.lock().unwrap().get(topic).cloned();
-        Box::pin(async move { Ok(answer) })
+        Box::pin(async move {
+            if failing {
+                return Err("the broker did not answer".into());
+            }
+            Ok(answer)
+        })
     }
 }
 
