@@ -204,6 +204,10 @@ async fn read_assignments(
 }
 
 /// Runs the supervisor until `shutdown`.
+// Over 100 lines on purpose: Storm's supervisor loop read top to bottom (set up metrics, local
+// state and registration, then one round per `supervisor.monitor.frequency.secs` until
+// shutdown, then stop the workers); each round's decisions are `reconcile` and the process
+// task's pure functions.
 pub async fn run(
     config: SupervisorConfig,
     ensemble: Ensemble,
