@@ -654,7 +654,6 @@ async fn squall_metrics_page(address: &str) -> String {
 /// `nimbus.supervisor.timeout.secs` + 10 s (the hand-back used to wait 29 s for tuples whose
 /// trees went through the dead worker).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 12 still open: about 1 run in 6 one partition waits ~30 s (a revoke or message timeout); run with --ignored"]
 async fn kafka_partitions_keep_flowing_when_a_supervisor_dies_with_its_workers() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
