@@ -4,6 +4,7 @@
 //! `offsets.commit.interval.ms`, and reads log-end offsets for lag on a task of its own.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -23,9 +24,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::partitions::{TaskState, lock};
 use super::{CLIENT_TIMEOUT, SHUTDOWN_TIMEOUT, START_ATTEMPTS};
-use crate::config::KafkaSpoutConfig;
+use crate::config::{KafkaSpoutConfig, OffsetsStorage};
 use crate::context::TaskConsumer;
 use crate::error::{Error, Result};
+use crate::group_offsets;
 use crate::metrics::SpoutMetrics;
 
 /// Requests from the executor thread to the coordinator.
@@ -84,6 +86,13 @@ pub(super) struct Coordinator {
     pub(super) leave_timeout: Duration,
     /// Per partition: the last log-end offset seen and Burrow's window of commits.
     pub(super) lag_windows: Mutex<HashMap<TopicPartition, (Option<i64>, LagWindow)>>,
+    /// `dual` only: offsets ZooKeeper has but whose commit to Kafka failed, retried with the
+    /// next commit while the partition is still ours (with `kafka` alone, a failed commit
+    /// leaves the offset due, so the next commit carries it anyway).
+    pub(super) kafka_behind: Mutex<BTreeMap<TopicPartition, i64>>,
+    /// A commit to Kafka is still blocked in librdkafka (one that outlived its timeout):
+    /// no second one is started beside it.
+    pub(super) kafka_committing: Arc<AtomicBool>,
 }
 
 impl Coordinator {
@@ -245,7 +254,7 @@ impl Coordinator {
         let mut attempt = 0;
         let start = loop {
             attempt += 1;
-            match self.handle.offsets().start_position(&tp).await {
+            match self.start_position(&tp).await {
                 Ok(position) => break position,
                 Err(e) if attempt < START_ATTEMPTS && cancel.is_some_and(|c| !c.is_cancelled()) => {
                     tracing::warn!(component = %self.component, %tp, error = %e, "reading the start position; retrying");
@@ -266,6 +275,7 @@ impl Coordinator {
             StartPosition::Reset(OffsetReset::Smallest) => (Offset::Beginning, None),
             StartPosition::Reset(OffsetReset::Largest) => (Offset::End, None),
         };
+        self.kafka_behind.lock().unwrap_or_else(PoisonError::into_inner).remove(&tp);
         {
             let mut state = lock(&self.state);
             if let Some(old) = state.remove(&tp) {
@@ -407,30 +417,160 @@ impl Coordinator {
         self.commit(offsets).await;
     }
 
+    /// Commits `offsets` to the stores `offsets_storage` names: ZooKeeper through the
+    /// registry, Kafka through the group coordinator (blocking, on its own thread, bounded by
+    /// `CLIENT_TIMEOUT`). A store that fails never holds the other back; the partition counts
+    /// as committed once its primary store has it (ZooKeeper, or Kafka with `kafka`).
     async fn commit(&self, offsets: BTreeMap<TopicPartition, i64>) {
-        if offsets.is_empty() {
+        let storage = self.config.offsets_storage;
+        let kafka_retries = storage == OffsetsStorage::Dual
+            && !self.kafka_behind.lock().unwrap_or_else(PoisonError::into_inner).is_empty();
+        if offsets.is_empty() && !kafka_retries {
             return;
         }
-        match self.handle.offsets().commit(&offsets).await {
-            Ok(report) => {
-                tracing::debug!(component = %self.component, written = report.written, "committed offsets");
-                let mut state = lock(&self.state);
-                for (tp, offset) in &offsets {
-                    if let Some(part) = state.get_mut(tp) {
-                        part.offsets.committed_at(*offset);
-                    }
-                    self.metric_labels(tp, |l| {
-                        self.metrics.committed_offset.with_label_values(l).set(*offset)
-                    });
+        let mut zookeeper_done = false;
+        if storage.uses_zookeeper() && !offsets.is_empty() {
+            match self.handle.offsets().commit(&offsets).await {
+                Ok(report) => {
+                    tracing::debug!(component = %self.component, written = report.written, "committed offsets to ZooKeeper");
+                    zookeeper_done = true;
                 }
-                for (tp, offset) in &offsets {
-                    self.track_lag(tp, Some(*offset), None);
+                Err(e) => {
+                    tracing::warn!(component = %self.component, error = %e, "committing offsets to ZooKeeper failed; the next commit retries")
                 }
-            }
-            Err(e) => {
-                tracing::warn!(component = %self.component, error = %e, "committing offsets failed; the next commit retries")
             }
         }
+        let kafka_done = storage.uses_kafka() && self.commit_to_kafka(&offsets).await;
+        let done = match storage {
+            OffsetsStorage::Zookeeper | OffsetsStorage::Dual => zookeeper_done,
+            OffsetsStorage::Kafka => kafka_done,
+        };
+        if !done || offsets.is_empty() {
+            return;
+        }
+        let mut state = lock(&self.state);
+        for (tp, offset) in &offsets {
+            if let Some(part) = state.get_mut(tp) {
+                part.offsets.committed_at(*offset);
+            }
+            self.metric_labels(tp, |l| self.metrics.committed_offset.with_label_values(l).set(*offset));
+        }
+        drop(state);
+        for (tp, offset) in &offsets {
+            self.track_lag(tp, Some(*offset), None);
+        }
+    }
+
+    /// Commits `offsets`, and with `dual` those whose last commit to Kafka failed, to the
+    /// group coordinator; whether it took them. Failures are counted and logged, and with
+    /// `dual` kept for the next commit.
+    async fn commit_to_kafka(&self, offsets: &BTreeMap<TopicPartition, i64>) -> bool {
+        let dual = self.config.offsets_storage == OffsetsStorage::Dual;
+        let mut all = if dual {
+            let behind =
+                std::mem::take(&mut *self.kafka_behind.lock().unwrap_or_else(PoisonError::into_inner));
+            // Only partitions still ours: another task commits the rest now.
+            let state = lock(&self.state);
+            behind.into_iter().filter(|(tp, _)| state.get(tp).is_some()).collect()
+        } else {
+            BTreeMap::new()
+        };
+        all.extend(offsets.iter().map(|(tp, o)| (tp.clone(), *o)));
+        if all.is_empty() {
+            return true;
+        }
+        let result = if self.kafka_committing.swap(true, Ordering::AcqRel) {
+            Err(Error::TimedOut {
+                context: "committing offsets to the group coordinator: the previous commit is still waiting",
+                after_ms: CLIENT_TIMEOUT.as_millis() as u64,
+            })
+        } else {
+            let consumer = self.consumer.clone();
+            let committing = self.kafka_committing.clone();
+            let offsets = all.clone();
+            self.blocking("committing offsets to the group coordinator", move || {
+                let result = group_offsets::commit(&*consumer, &offsets);
+                committing.store(false, Ordering::Release);
+                result
+            })
+            .await
+        };
+        match result {
+            Ok(()) => {
+                tracing::debug!(component = %self.component, partitions = all.len(), "committed offsets to Kafka");
+                true
+            }
+            Err(e) => {
+                self.metrics
+                    .kafka_offset_failures
+                    .with_label_values(&[self.config.group_id.as_str(), "commit"])
+                    .inc();
+                tracing::warn!(component = %self.component, group = %self.config.group_id, error = %e, "committing offsets to Kafka failed; the next commit retries");
+                if dual {
+                    let mut behind = self.kafka_behind.lock().unwrap_or_else(PoisonError::into_inner);
+                    for (tp, offset) in all {
+                        let kept = behind.entry(tp).or_insert(offset);
+                        *kept = (*kept).max(offset);
+                    }
+                }
+                false
+            }
+        }
+    }
+
+    /// Runs a blocking librdkafka call on tokio's blocking threads, waiting at most
+    /// `CLIENT_TIMEOUT` for it (it may go on after that; its result is then dropped).
+    async fn blocking<T: Send + 'static>(
+        &self,
+        context: &'static str,
+        call: impl FnOnce() -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let timed_out = || Error::TimedOut { context, after_ms: CLIENT_TIMEOUT.as_millis() as u64 };
+        match tokio::time::timeout(CLIENT_TIMEOUT, tokio::task::spawn_blocking(call)).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(Error::Client { context, source: KafkaError::Canceled }),
+            Err(_) => Err(timed_out()),
+        }
+    }
+
+    /// Where `tp` starts: [`group_offsets::start_position`] over the stores
+    /// `offsets_storage` names. With `dual`, a coordinator that does not answer leaves
+    /// ZooKeeper's offset (counted and logged): a broker outage never keeps a partition idle
+    /// that ZooKeeper can start (Kafka's offset can only be ahead, so at most messages are
+    /// delivered again).
+    async fn start_position(&self, tp: &TopicPartition) -> Result<StartPosition> {
+        let storage = self.config.offsets_storage;
+        let zookeeper = match storage.uses_zookeeper() {
+            true => Some(self.handle.offsets().start_position(tp).await?),
+            false => None,
+        };
+        let kafka = match storage.uses_kafka() {
+            false => None,
+            true => {
+                let consumer = self.consumer.clone();
+                let partitions = vec![tp.clone()];
+                let read = self
+                    .blocking("reading offsets from the group coordinator", move || {
+                        group_offsets::committed(&*consumer, &partitions, CLIENT_TIMEOUT)
+                    })
+                    .await;
+                match read {
+                    Ok(offsets) => offsets.get(tp).copied().flatten(),
+                    Err(e) => {
+                        self.metrics
+                            .kafka_offset_failures
+                            .with_label_values(&[self.config.group_id.as_str(), "fetch"])
+                            .inc();
+                        if storage == OffsetsStorage::Kafka {
+                            return Err(e);
+                        }
+                        tracing::warn!(component = %self.component, %tp, error = %e, "reading the committed offset from Kafka failed; starting from ZooKeeper's");
+                        None
+                    }
+                }
+            }
+        };
+        Ok(group_offsets::start_position(storage, zookeeper, kafka, self.config.auto_offset_reset))
     }
 
     /// Reads log-end offsets every commit interval until `cancel`.
