@@ -112,6 +112,46 @@ pub fn read_records(
     out
 }
 
+/// A plain consumer of `group` (never joining it), to read and write the group's offsets in
+/// Kafka as Kafka's own tools do: an independent checker of the spout's commits.
+fn group_consumer(bootstrap: &str, group: &str) -> rdkafka::consumer::BaseConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap()
+}
+
+/// The offsets Kafka's group coordinator holds for `group` on partitions `0..partitions` of
+/// `topic` (`None`: nothing committed; a failed read is `None` too, for polling).
+pub fn kafka_committed(bootstrap: &str, group: &str, topic: &str, partitions: i32) -> Vec<Option<i64>> {
+    use rdkafka::consumer::Consumer;
+    let consumer = group_consumer(bootstrap, group);
+    let mut list = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        list.add_partition(topic, p);
+    }
+    let Ok(read) = consumer.committed_offsets(list, Duration::from_secs(10)) else {
+        return vec![None; partitions as usize];
+    };
+    (0..partitions)
+        .map(|p| match read.find_partition(topic, p)?.offset() {
+            rdkafka::Offset::Offset(o) => Some(o),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Commits `offset` for `group` on `topic`/`partition` in Kafka, as a plain consumer would.
+pub fn kafka_commit(bootstrap: &str, group: &str, topic: &str, partition: i32, offset: i64) {
+    use rdkafka::consumer::{CommitMode, Consumer};
+    let consumer = group_consumer(bootstrap, group);
+    let mut list = rdkafka::TopicPartitionList::new();
+    list.add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset)).unwrap();
+    consumer.commit(&list, CommitMode::Sync).unwrap();
+}
+
 /// A small runtime to read the registry from synchronous tests.
 pub struct Zk {
     runtime: tokio::runtime::Runtime,
