@@ -92,6 +92,8 @@ struct Group {
     zookeeper: String,
     chroot: Option<String>,
     brokers: String,
+    /// The spouts' `offsets_storage`: a reset writes Kafka's offsets too when it names Kafka.
+    offsets_storage: kafka_spout::OffsetsStorage,
 }
 
 /// The consumer groups the topology file's Kafka spouts read.
@@ -108,9 +110,16 @@ fn groups_of(text: &str) -> Result<Vec<Group>, String> {
             zookeeper: config.zookeeper_connect,
             chroot: config.zookeeper_chroot,
             brokers: config.bootstrap_servers,
+            offsets_storage: config.offsets_storage,
         };
         match groups.iter_mut().find(|g| g.group == group.group && g.zookeeper == group.zookeeper) {
-            Some(same) => same.topics.extend(group.topics),
+            Some(same) => {
+                same.topics.extend(group.topics);
+                // Spouts of one group that disagree: a reset writes both stores.
+                if same.offsets_storage != group.offsets_storage {
+                    same.offsets_storage = kafka_spout::OffsetsStorage::Dual;
+                }
+            }
             None => groups.push(group),
         }
     }
@@ -137,6 +146,7 @@ impl ReplayCommand {
                 registry_chroot: group.chroot.clone(),
                 brokers: Some(self.brokers.clone().unwrap_or_else(|| group.brokers.clone())),
                 config: None,
+                offsets_storage: group.offsets_storage,
             },
         }
     }

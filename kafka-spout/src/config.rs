@@ -23,7 +23,7 @@ const OWNED_CONSUMER_KEYS: &[&str] =
 
 /// Where a group's committed offsets live (Kafka 0.8.2's `offsets.storage`, with its
 /// `dual.commit.enabled` folded in as `dual`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OffsetsStorage {
     /// `/consumers/[group]/offsets` in the ZooKeeper registry only (Kafka 0.8's way).
