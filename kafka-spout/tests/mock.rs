@@ -563,3 +563,41 @@ fn dual_storage_starts_from_the_larger_of_the_two_offsets() {
     assert!(record.duplicates().is_empty());
     cluster.shutdown(Duration::from_secs(5));
 }
+
+#[test]
+fn with_dual_storage_a_coordinator_refusing_commits_never_holds_zookeeper_back() {
+    let kafka = MockKafka::start(&[("outage", 2)]);
+    produce(&kafka.bootstrap(), "outage", 2, 0..200);
+    let rig = Rig::new();
+    let zk = Zk::connect(&rig.ensemble);
+    let record = Arc::new(Record::default());
+    let config = KafkaSpoutConfig {
+        offsets_storage: OffsetsStorage::Dual,
+        ..spout_config(&kafka.bootstrap(), "outage", "go")
+    };
+    let cluster = rig.start("to", config, 1, &record, ack_all, TopologyConfig::default());
+    assert!(wait_until(WAIT, || kafka_committed(&kafka.bootstrap(), "go", "outage", 2) == vec![Some(100); 2]));
+    // The coordinator refuses every commit for a while: ZooKeeper's commits go on.
+    kafka.refuse_offset_commits(10_000);
+    produce(&kafka.bootstrap(), "outage", 2, 200..400);
+    assert!(wait_until(WAIT, || record.numbers() == all(400)));
+    assert!(wait_until(WAIT, || zk_committed(&zk, "go", "outage", 2) == vec![Some(200); 2]));
+    let failures = || {
+        metric(
+            &rig.metrics,
+            "squall_spout_kafka_offset_failures_total",
+            &[("group", "go"), ("operation", "commit")],
+        )
+    };
+    assert!(wait_until(WAIT, || failures() >= 2.0), "failures counted: {}", failures());
+    assert_eq!(kafka_committed(&kafka.bootstrap(), "go", "outage", 2), vec![Some(100); 2]);
+    // Back: the offsets Kafka missed are committed with the next commit, though ZooKeeper's
+    // have not changed since.
+    kafka.accept_offset_commits();
+    assert!(
+        wait_until(WAIT, || kafka_committed(&kafka.bootstrap(), "go", "outage", 2) == vec![Some(200); 2]),
+        "Kafka: {:?}",
+        kafka_committed(&kafka.bootstrap(), "go", "outage", 2)
+    );
+    cluster.shutdown(Duration::from_secs(5));
+}

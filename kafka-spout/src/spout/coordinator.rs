@@ -4,7 +4,6 @@
 //! `offsets.commit.interval.ms`, and reads log-end offsets for lag on a task of its own.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -90,9 +89,18 @@ pub(super) struct Coordinator {
     /// next commit while the partition is still ours (with `kafka` alone, a failed commit
     /// leaves the offset due, so the next commit carries it anyway).
     pub(super) kafka_behind: Mutex<BTreeMap<TopicPartition, i64>>,
-    /// A commit to Kafka is still blocked in librdkafka (one that outlived its timeout):
-    /// no second one is started beside it.
-    pub(super) kafka_committing: Arc<AtomicBool>,
+    /// Held by the commit to Kafka under way (until librdkafka answers, even past its
+    /// timeout): commits to Kafka never run side by side, so they never reorder.
+    pub(super) kafka_committing: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// How a commit treats the Kafka side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kafka {
+    /// On a task of its own (the periodic commit): the event loop goes on meanwhile.
+    Background,
+    /// Awaited, bounded by `CLIENT_TIMEOUT` (hand-off and shutdown: the next owner reads it).
+    Wait,
 }
 
 impl Coordinator {
@@ -128,7 +136,7 @@ impl Coordinator {
                     }
                     None => break,
                 },
-                _ = tick.tick() => self.commit_owned().await,
+                _ = tick.tick() => self.commit_owned(Kafka::Background).await,
             }
         }
         lag_cancel.cancel();
@@ -139,7 +147,7 @@ impl Coordinator {
         // Shutdown: commit, then leave the group (the member hands every partition off through
         // Revoking events, which are acknowledged without waiting for tuples that will never
         // be acked now), then close the session.
-        self.commit_owned().await;
+        self.commit_owned(Kafka::Wait).await;
         member_cancel.cancel();
         let leave = async {
             while let Some(event) = events.recv().await {
@@ -162,7 +170,7 @@ impl Coordinator {
 
     /// `cancel`: the task is running (a revoke waits for in-flight tuples until it fires);
     /// `None` during shutdown (nothing more will be acked).
-    async fn on_event(&self, event: MemberEvent, cancel: Option<&CancellationToken>) {
+    async fn on_event(self: &Arc<Self>, event: MemberEvent, cancel: Option<&CancellationToken>) {
         match event {
             MemberEvent::Assigned { partitions, session } => {
                 for tp in partitions {
@@ -298,7 +306,11 @@ impl Coordinator {
 
     /// Stop emitting from `partitions`, wait for their in-flight tuples (bounded), commit
     /// them, and forget them.
-    async fn revoke(&self, partitions: &BTreeSet<TopicPartition>, cancel: Option<&CancellationToken>) {
+    async fn revoke(
+        self: &Arc<Self>,
+        partitions: &BTreeSet<TopicPartition>,
+        cancel: Option<&CancellationToken>,
+    ) {
         {
             let mut state = lock(&self.state);
             for tp in partitions {
@@ -334,7 +346,7 @@ impl Coordinator {
                 .filter_map(|tp| state.get(tp).and_then(|p| p.offsets.commit_due()).map(|o| (tp.clone(), o)))
                 .collect()
         };
-        self.commit(offsets).await;
+        self.commit(offsets, Kafka::Wait).await;
         let mut state = lock(&self.state);
         for tp in partitions {
             state.remove(tp);
@@ -401,7 +413,7 @@ impl Coordinator {
     }
 
     /// Commits the safe offsets of the partitions this member owns (skipped while paused).
-    async fn commit_owned(&self) {
+    async fn commit_owned(self: &Arc<Self>, kafka: Kafka) {
         let ownership = self.handle.ownership();
         if ownership.paused {
             return;
@@ -414,58 +426,79 @@ impl Coordinator {
                 .filter_map(|tp| state.get(tp).and_then(|p| p.offsets.commit_due()).map(|o| (tp.clone(), o)))
                 .collect()
         };
-        self.commit(offsets).await;
+        self.commit(offsets, kafka).await;
     }
 
     /// Commits `offsets` to the stores `offsets_storage` names: ZooKeeper through the
     /// registry, Kafka through the group coordinator (blocking, on its own thread, bounded by
-    /// `CLIENT_TIMEOUT`). A store that fails never holds the other back; the partition counts
-    /// as committed once its primary store has it (ZooKeeper, or Kafka with `kafka`).
-    async fn commit(&self, offsets: BTreeMap<TopicPartition, i64>) {
+    /// `CLIENT_TIMEOUT`; with [`Kafka::Background`] on a task of its own, so the event loop
+    /// never waits for a broker). A store that fails never holds the other back; the partition
+    /// counts as committed once its primary store has it (ZooKeeper, or Kafka with `kafka`).
+    async fn commit(self: &Arc<Self>, offsets: BTreeMap<TopicPartition, i64>, kafka: Kafka) {
         let storage = self.config.offsets_storage;
         let kafka_retries = storage == OffsetsStorage::Dual
             && !self.kafka_behind.lock().unwrap_or_else(PoisonError::into_inner).is_empty();
         if offsets.is_empty() && !kafka_retries {
             return;
         }
-        let mut zookeeper_done = false;
         if storage.uses_zookeeper() && !offsets.is_empty() {
             match self.handle.offsets().commit(&offsets).await {
                 Ok(report) => {
                     tracing::debug!(component = %self.component, written = report.written, "committed offsets to ZooKeeper");
-                    zookeeper_done = true;
+                    self.committed(&offsets);
                 }
                 Err(e) => {
                     tracing::warn!(component = %self.component, error = %e, "committing offsets to ZooKeeper failed; the next commit retries")
                 }
             }
         }
-        let kafka_done = storage.uses_kafka() && self.commit_to_kafka(&offsets).await;
-        let done = match storage {
-            OffsetsStorage::Zookeeper | OffsetsStorage::Dual => zookeeper_done,
-            OffsetsStorage::Kafka => kafka_done,
-        };
-        if !done || offsets.is_empty() {
+        if !storage.uses_kafka() {
             return;
         }
-        let mut state = lock(&self.state);
-        for (tp, offset) in &offsets {
-            if let Some(part) = state.get_mut(tp) {
-                part.offsets.committed_at(*offset);
+        let this = self.clone();
+        let to_kafka = async move {
+            if this.commit_to_kafka(&offsets, kafka).await && storage == OffsetsStorage::Kafka {
+                this.committed(&offsets);
             }
-            self.metric_labels(tp, |l| self.metrics.committed_offset.with_label_values(l).set(*offset));
+        };
+        match kafka {
+            Kafka::Wait => to_kafka.await,
+            Kafka::Background => drop(tokio::spawn(to_kafka)),
         }
-        drop(state);
-        for (tp, offset) in &offsets {
-            self.track_lag(tp, Some(*offset), None);
+    }
+
+    /// `offsets` reached the group's primary store: the trackers and gauges of the partitions
+    /// still ours say so.
+    fn committed(&self, offsets: &BTreeMap<TopicPartition, i64>) {
+        let mut ours = Vec::with_capacity(offsets.len());
+        {
+            let mut state = lock(&self.state);
+            for (tp, offset) in offsets {
+                if let Some(part) = state.get_mut(tp) {
+                    part.offsets.committed_at(*offset);
+                    ours.push((tp, *offset));
+                }
+            }
+        }
+        for (tp, offset) in ours {
+            self.metric_labels(tp, |l| self.metrics.committed_offset.with_label_values(l).set(offset));
+            self.track_lag(tp, Some(offset), None);
         }
     }
 
     /// Commits `offsets`, and with `dual` those whose last commit to Kafka failed, to the
-    /// group coordinator; whether it took them. Failures are counted and logged, and with
+    /// group coordinator; whether it took them. One commit at a time: while one is under way
+    /// (maybe blocked past its timeout) a background commit gives up at once and a waiting
+    /// one waits for it, up to `CLIENT_TIMEOUT`. Failures are counted and logged, and with
     /// `dual` kept for the next commit.
-    async fn commit_to_kafka(&self, offsets: &BTreeMap<TopicPartition, i64>) -> bool {
+    async fn commit_to_kafka(&self, offsets: &BTreeMap<TopicPartition, i64>, kafka: Kafka) -> bool {
         let dual = self.config.offsets_storage == OffsetsStorage::Dual;
+        let turn = match kafka {
+            Kafka::Background => self.kafka_committing.clone().try_lock_owned().ok(),
+            Kafka::Wait => {
+                tokio::time::timeout(CLIENT_TIMEOUT, self.kafka_committing.clone().lock_owned()).await.ok()
+            }
+        };
         let mut all = if dual {
             let behind =
                 std::mem::take(&mut *self.kafka_behind.lock().unwrap_or_else(PoisonError::into_inner));
@@ -479,21 +512,21 @@ impl Coordinator {
         if all.is_empty() {
             return true;
         }
-        let result = if self.kafka_committing.swap(true, Ordering::AcqRel) {
-            Err(Error::TimedOut {
+        let result = match turn {
+            None => Err(Error::TimedOut {
                 context: "committing offsets to the group coordinator: the previous commit is still waiting",
                 after_ms: CLIENT_TIMEOUT.as_millis() as u64,
-            })
-        } else {
-            let consumer = self.consumer.clone();
-            let committing = self.kafka_committing.clone();
-            let offsets = all.clone();
-            self.blocking("committing offsets to the group coordinator", move || {
-                let result = group_offsets::commit(&*consumer, &offsets);
-                committing.store(false, Ordering::Release);
-                result
-            })
-            .await
+            }),
+            Some(turn) => {
+                let consumer = self.consumer.clone();
+                let offsets = all.clone();
+                self.blocking("committing offsets to the group coordinator", move || {
+                    let result = group_offsets::commit(&*consumer, &offsets);
+                    drop(turn); // the next commit may start once librdkafka has answered
+                    result
+                })
+                .await
+            }
         };
         match result {
             Ok(()) => {

@@ -17,7 +17,6 @@
 //! ignored (Storm had crashes there).
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -188,7 +187,7 @@ impl KafkaSpout {
             leave_timeout: message_timeout + Duration::from_secs(1),
             lag_windows: Mutex::new(HashMap::new()),
             kafka_behind: Mutex::new(Default::default()),
-            kafka_committing: Arc::new(AtomicBool::new(false)),
+            kafka_committing: Arc::new(tokio::sync::Mutex::new(())),
         };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()

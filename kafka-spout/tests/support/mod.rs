@@ -37,6 +37,19 @@ impl MockKafka {
     pub fn bootstrap(&self) -> String {
         self.cluster.bootstrap_servers()
     }
+
+    /// The group coordinator refuses the next `n` offset commits (a non-retryable error, so
+    /// each commit call fails once), as a broker that lost its coordinator would.
+    pub fn refuse_offset_commits(&self, n: usize) {
+        use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+        let errors = vec![RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED; n];
+        self.cluster.request_errors(RDKafkaApiKey::OffsetCommit, &errors);
+    }
+
+    /// Offset commits are answered again.
+    pub fn accept_offset_commits(&self) {
+        self.cluster.clear_request_errors(rdkafka::types::RDKafkaApiKey::OffsetCommit);
+    }
 }
 
 /// Produces numbers `range` to `topic`: key and value are the decimal number, partition
