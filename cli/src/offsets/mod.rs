@@ -337,9 +337,11 @@ async fn describe(
     }
     let diverging = rows.iter().filter(|r| r.kafka.is_some_and(|k| k.diverged)).count();
     if diverging > 0 {
-        eprintln!(
-            "* ZooKeeper's and Kafka's offsets differ on {diverging} partition(s); with dual storage the spouts start from the larger"
-        );
+        let rule = match storage {
+            OffsetsStorage::Dual => "with dual storage the spouts start from the larger",
+            _ => "with kafka storage the spouts start from Kafka's",
+        };
+        eprintln!("* ZooKeeper's and Kafka's offsets differ on {diverging} partition(s); {rule}");
     }
     Ok(())
 }
