@@ -173,8 +173,22 @@ impl Coordinator {
     async fn on_event(self: &Arc<Self>, event: MemberEvent, cancel: Option<&CancellationToken>) {
         match event {
             MemberEvent::Assigned { partitions, session } => {
+                // Kafka's offsets of the whole assignment in one request: a broker that does
+                // not answer costs one timeout, not one per partition.
+                let in_kafka = match self.config.offsets_storage.uses_kafka() {
+                    true => Some(self.kafka_committed(partitions.iter().cloned().collect()).await),
+                    false => None,
+                };
+                if let Some(Err(e)) = &in_kafka {
+                    let then = match self.config.offsets_storage {
+                        OffsetsStorage::Dual => "starting from ZooKeeper's",
+                        _ => "reading them one by one",
+                    };
+                    tracing::warn!(component = %self.component, error = %e, "reading committed offsets from Kafka failed; {then}");
+                }
+                let in_kafka = in_kafka.and_then(Result::ok);
                 for tp in partitions {
-                    self.assign(tp, session, cancel).await;
+                    self.assign(tp, session, cancel, in_kafka.as_ref()).await;
                 }
             }
             MemberEvent::Revoking { partitions, ack } => {
@@ -257,12 +271,20 @@ impl Coordinator {
         self.metric_labels(tp, |l| self.metrics.lag_status.with_label_values(l).set(status.code()));
     }
 
-    async fn assign(&self, tp: TopicPartition, session: SessionId, cancel: Option<&CancellationToken>) {
+    /// `in_kafka`: the group's offsets in Kafka read for the assignment (`None`: not read, or
+    /// the read failed).
+    async fn assign(
+        &self,
+        tp: TopicPartition,
+        session: SessionId,
+        cancel: Option<&CancellationToken>,
+        in_kafka: Option<&BTreeMap<TopicPartition, Option<i64>>>,
+    ) {
         let mut delay = Duration::from_millis(100);
         let mut attempt = 0;
         let start = loop {
             attempt += 1;
-            match self.start_position(&tp).await {
+            match self.start_position(&tp, in_kafka).await {
                 Ok(position) => break position,
                 Err(e) if attempt < START_ATTEMPTS && cancel.is_some_and(|c| !c.is_cancelled()) => {
                     tracing::warn!(component = %self.component, %tp, error = %e, "reading the start position; retrying");
@@ -566,41 +588,50 @@ impl Coordinator {
         }
     }
 
+    /// The group's offsets in Kafka for `partitions` (one request, bounded by
+    /// `CLIENT_TIMEOUT`); a failure is counted.
+    async fn kafka_committed(
+        &self,
+        partitions: Vec<TopicPartition>,
+    ) -> Result<BTreeMap<TopicPartition, Option<i64>>> {
+        let consumer = self.consumer.clone();
+        let read = self
+            .blocking("reading offsets from the group coordinator", move || {
+                group_offsets::committed(&*consumer, &partitions, CLIENT_TIMEOUT)
+            })
+            .await;
+        if read.is_err() {
+            self.metrics
+                .kafka_offset_failures
+                .with_label_values(&[self.config.group_id.as_str(), "fetch"])
+                .inc();
+        }
+        read
+    }
+
     /// Where `tp` starts: [`group_offsets::start_position`] over the stores
-    /// `offsets_storage` names. With `dual`, a coordinator that does not answer leaves
-    /// ZooKeeper's offset (counted and logged): a broker outage never keeps a partition idle
-    /// that ZooKeeper can start (Kafka's offset can only be ahead, so at most messages are
-    /// delivered again).
-    async fn start_position(&self, tp: &TopicPartition) -> Result<StartPosition> {
+    /// `offsets_storage` names, with Kafka's offset from `in_kafka` when it was read for the
+    /// assignment. With `dual`, a coordinator that did not answer leaves ZooKeeper's offset
+    /// (counted and logged): a broker outage never keeps a partition idle that ZooKeeper can
+    /// start (Kafka's offset can only be ahead, so at most messages are delivered again). With
+    /// `kafka` the read is tried again (the caller retries a failure).
+    async fn start_position(
+        &self,
+        tp: &TopicPartition,
+        in_kafka: Option<&BTreeMap<TopicPartition, Option<i64>>>,
+    ) -> Result<StartPosition> {
         let storage = self.config.offsets_storage;
         let zookeeper = match storage.uses_zookeeper() {
             true => Some(self.handle.offsets().start_position(tp).await?),
             false => None,
         };
-        let kafka = match storage.uses_kafka() {
-            false => None,
-            true => {
-                let consumer = self.consumer.clone();
-                let partitions = vec![tp.clone()];
-                let read = self
-                    .blocking("reading offsets from the group coordinator", move || {
-                        group_offsets::committed(&*consumer, &partitions, CLIENT_TIMEOUT)
-                    })
-                    .await;
-                match read {
-                    Ok(offsets) => offsets.get(tp).copied().flatten(),
-                    Err(e) => {
-                        self.metrics
-                            .kafka_offset_failures
-                            .with_label_values(&[self.config.group_id.as_str(), "fetch"])
-                            .inc();
-                        if storage == OffsetsStorage::Kafka {
-                            return Err(e);
-                        }
-                        tracing::warn!(component = %self.component, %tp, error = %e, "reading the committed offset from Kafka failed; starting from ZooKeeper's");
-                        None
-                    }
-                }
+        let kafka = match (storage, in_kafka.and_then(|read| read.get(tp))) {
+            (OffsetsStorage::Zookeeper, _) => None,
+            (_, Some(read)) => *read,
+            // The read for the assignment failed: ZooKeeper's offset will do.
+            (OffsetsStorage::Dual, None) => None,
+            (OffsetsStorage::Kafka, None) => {
+                self.kafka_committed(vec![tp.clone()]).await?.get(tp).copied().flatten()
             }
         };
         Ok(group_offsets::start_position(storage, zookeeper, kafka, self.config.auto_offset_reset))
