@@ -535,10 +535,13 @@ impl Coordinator {
             return true;
         }
         let result = match turn {
-            None => Err(Error::TimedOut {
-                context: "committing offsets to the group coordinator: the previous commit is still waiting",
-                after_ms: CLIENT_TIMEOUT.as_millis() as u64,
-            }),
+            // The commit under way answers for the broker (its failure is counted); these
+            // offsets go with a later commit.
+            None => {
+                tracing::debug!(component = %self.component, "a commit to Kafka is still under way; these offsets go with a later one");
+                self.keep_behind(all);
+                return false;
+            }
             Some(turn) => {
                 let consumer = self.consumer.clone();
                 let offsets = all.clone();
@@ -561,15 +564,22 @@ impl Coordinator {
                     .with_label_values(&[self.config.group_id.as_str(), "commit"])
                     .inc();
                 tracing::warn!(component = %self.component, group = %self.config.group_id, error = %e, "committing offsets to Kafka failed; the next commit retries");
-                if dual {
-                    let mut behind = self.kafka_behind.lock().unwrap_or_else(PoisonError::into_inner);
-                    for (tp, offset) in all {
-                        let kept = behind.entry(tp).or_insert(offset);
-                        *kept = (*kept).max(offset);
-                    }
-                }
+                self.keep_behind(all);
                 false
             }
+        }
+    }
+
+    /// With `dual`: offsets Kafka did not take, for the next commit (with `kafka` they are
+    /// still due).
+    fn keep_behind(&self, offsets: BTreeMap<TopicPartition, i64>) {
+        if self.config.offsets_storage != OffsetsStorage::Dual {
+            return;
+        }
+        let mut behind = self.kafka_behind.lock().unwrap_or_else(PoisonError::into_inner);
+        for (tp, offset) in offsets {
+            let kept = behind.entry(tp).or_insert(offset);
+            *kept = (*kept).max(offset);
         }
     }
 
