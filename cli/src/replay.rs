@@ -92,6 +92,8 @@ struct Group {
     zookeeper: String,
     chroot: Option<String>,
     brokers: String,
+    /// The spouts' `offsets_storage`: a reset writes Kafka's offsets too when it names Kafka.
+    offsets_storage: kafka_spout::OffsetsStorage,
 }
 
 /// The consumer groups the topology file's Kafka spouts read.
@@ -108,9 +110,16 @@ fn groups_of(text: &str) -> Result<Vec<Group>, String> {
             zookeeper: config.zookeeper_connect,
             chroot: config.zookeeper_chroot,
             brokers: config.bootstrap_servers,
+            offsets_storage: config.offsets_storage,
         };
         match groups.iter_mut().find(|g| g.group == group.group && g.zookeeper == group.zookeeper) {
-            Some(same) => same.topics.extend(group.topics),
+            Some(same) => {
+                same.topics.extend(group.topics);
+                // Spouts of one group that disagree: a reset writes both stores.
+                if same.offsets_storage != group.offsets_storage {
+                    same.offsets_storage = kafka_spout::OffsetsStorage::Dual;
+                }
+            }
             None => groups.push(group),
         }
     }
@@ -137,6 +146,7 @@ impl ReplayCommand {
                 registry_chroot: group.chroot.clone(),
                 brokers: Some(self.brokers.clone().unwrap_or_else(|| group.brokers.clone())),
                 config: None,
+                offsets_storage: group.offsets_storage,
             },
         }
     }
@@ -293,6 +303,7 @@ mod tests {
 
     #[test]
     fn the_groups_of_a_topology_file_come_from_its_kafka_spouts() {
+        use kafka_spout::OffsetsStorage;
         let text = "name: t\nspouts:\n  - id: a\n    className: kafka-spout\n    params:\n      bootstrap_servers: b:9092\n      topics: [x]\n      group_id: g\n      zookeeper_connect: z:2181\n\
                     \x20 - id: b\n    className: kafka-spout\n    params:\n      bootstrap_servers: b:9092\n      topics: [y]\n      group_id: g\n      zookeeper_connect: z:2181\n      zookeeper_chroot: /k\n\
                     \x20 - id: c\n    className: sentence-generator\nbolts: []\n";
@@ -300,7 +311,19 @@ mod tests {
         assert_eq!(groups.len(), 1, "{groups:?}");
         assert_eq!(groups[0].topics, BTreeSet::from(["x".to_owned(), "y".to_owned()]));
         assert_eq!((groups[0].brokers.as_str(), groups[0].zookeeper.as_str()), ("b:9092", "z:2181"));
+        assert_eq!(groups[0].offsets_storage, OffsetsStorage::Zookeeper, "the spouts' default");
         assert_eq!(groups_of("name: t\nspouts: []\n").unwrap(), vec![]);
+        // The spouts' offsets_storage goes to the reset, which then writes Kafka's offsets too.
+        let dual = text.replacen("group_id: g\n", "group_id: g\n      offsets_storage: dual\n", 2);
+        let groups = groups_of(&dual).unwrap();
+        assert_eq!(groups[0].offsets_storage, OffsetsStorage::Dual);
+        let kafka_and_zookeeper =
+            text.replacen("group_id: g\n", "group_id: g\n      offsets_storage: kafka\n", 1);
+        assert_eq!(
+            groups_of(&kafka_and_zookeeper).unwrap()[0].offsets_storage,
+            OffsetsStorage::Dual,
+            "disagreeing spouts: both stores"
+        );
         let bad = "spouts:\n  - id: a\n    className: kafka-spout\n    params: {no_such_key: 1}\n";
         assert!(groups_of(bad).unwrap_err().contains("spout a"), "names the spout");
     }

@@ -486,3 +486,107 @@ fn bad_input_is_named_and_changes_nothing() {
     assert_eq!(rig.tree(), before, "a refused command changed ZooKeeper");
     assert_eq!(rig.committed(), all(20));
 }
+
+impl Rig {
+    /// A plain consumer of the group, never joining it: how Kafka's own tools see its offsets.
+    fn group_consumer(&self) -> rdkafka::consumer::BaseConsumer {
+        rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", self.kafka.bootstrap_servers())
+            .set("group.id", &self.group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap()
+    }
+
+    /// The group's offsets in Kafka's group coordinator.
+    fn kafka_committed(&self) -> BTreeMap<i32, i64> {
+        use rdkafka::consumer::Consumer;
+        let mut list = rdkafka::TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            list.add_partition(TOPIC, p);
+        }
+        let read = self.group_consumer().committed_offsets(list, Duration::from_secs(10)).unwrap();
+        (0..PARTITIONS)
+            .filter_map(|p| match read.find_partition(TOPIC, p)?.offset() {
+                rdkafka::Offset::Offset(o) => Some((p, o)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Commits `offsets` for the group in Kafka, as a Kafka consumer would.
+    fn kafka_commit(&self, offsets: &BTreeMap<i32, i64>) {
+        use rdkafka::consumer::{CommitMode, Consumer};
+        let mut list = rdkafka::TopicPartitionList::new();
+        for (p, o) in offsets {
+            list.add_partition_offset(TOPIC, *p, rdkafka::Offset::Offset(*o)).unwrap();
+        }
+        self.group_consumer().commit(&list, CommitMode::Sync).unwrap();
+    }
+}
+
+#[test]
+fn with_dual_storage_describe_shows_both_stores_and_a_reset_writes_both() {
+    let rig = Rig::new("offsets-dual");
+    rig.produce(0..20);
+    rig.commit(&all(10));
+    // Kafka ahead on partition 1, missing on partition 3.
+    rig.kafka_commit(&BTreeMap::from([(0, 10), (1, 14), (2, 10)]));
+    let dual = ["--offsets-storage", "dual"];
+    let describe = |storage: &[&str]| {
+        let mut args = vec!["describe", "--group", rig.group.as_str(), "--output", "json"];
+        args.extend_from_slice(storage);
+        serde_json::from_str::<serde_json::Value>(
+            rig.ok(&args).lines().take_while(|l| !l.starts_with('*')).collect::<String>().as_str(),
+        )
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+    };
+    let rows = describe(&dual);
+    let kafka: Vec<(Option<i64>, bool)> = rows
+        .iter()
+        .map(|r| (r["kafka"]["offset"].as_i64(), r["kafka"]["diverged"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(kafka, [(Some(10), false), (Some(14), true), (Some(10), false), (None, true)], "{rows:?}");
+    // Lag is counted from where the spouts would start: the larger offset.
+    let lags: Vec<Option<i64>> = rows.iter().map(|r| r["lag"].as_i64()).collect();
+    assert_eq!(lags, [Some(10), Some(6), Some(10), Some(10)]);
+    // The table: a Kafka column next to ZooKeeper's, divergence marked and explained.
+    let table = rig.ok(&["describe", "--group", &rig.group, "--offsets-storage", "dual"]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["Group", "Topic", "Partition", "Offset", "Kafka", "LogEnd", "Lag", "Owner"]);
+    assert!(table.contains("14*") && table.contains("differ on 2 partition(s)"), "{table}");
+    // ZooKeeper storage: the table Kafka's tools print, unchanged.
+    assert!(describe(&[]).iter().all(|r| r.get("kafka").is_none()));
+    // Export with Kafka storage: Kafka's offsets; with dual: the larger.
+    let exported = rig.ok(&["export", "--group", &rig.group, "--offsets-storage", "kafka"]);
+    assert!(exported.contains(&format!("/consumers/{}/offsets/{TOPIC}/1:14", rig.group)), "{exported}");
+    assert!(!exported.contains(&format!("/{TOPIC}/3:")), "nothing in Kafka for partition 3: {exported}");
+    // A rewind writes both stores, so dual's larger-offset rule cannot undo it.
+    rig.ok(&[
+        "reset",
+        "--group",
+        &rig.group,
+        "--topic",
+        TOPIC,
+        "--to-offset",
+        "5",
+        "--execute",
+        "--offsets-storage",
+        "dual",
+    ]);
+    assert_eq!(rig.committed(), all(5));
+    assert_eq!(rig.kafka_committed(), all(5));
+    assert!(describe(&dual).iter().all(|r| r["kafka"]["diverged"] == false && r["offset"] == 5));
+    // Kafka storage without brokers is named.
+    let out = Command::new(SQUALL)
+        .args(["offsets", "describe", "--group", &rig.group, "--zookeeper", &rig.zookeeper])
+        .args(["--offsets-storage", "kafka"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && text(&out).contains("--brokers"), "{}", text(&out));
+    let out = rig.squall(&["describe", "--group", &rig.group, "--offsets-storage", "broker"]);
+    assert!(!out.status.success() && text(&out).contains("zookeeper, kafka, dual"), "{}", text(&out));
+}

@@ -321,12 +321,25 @@ impl<'a> Admin<'a> {
         now_ms: u64,
     ) -> Result<OffsetSnapshot, AdminError> {
         let read = self.read(group, topic).await?;
+        let committed: BTreeMap<TopicPartition, i64> =
+            read.iter().filter_map(|(tp, s)| s.committed.map(|(o, _)| (tp.clone(), o))).collect();
+        self.snapshot_offsets(group, name, topic, &committed, now_ms).await
+    }
+
+    /// Stores `committed` (of `topic`, if given) as snapshot `name` of the group: offsets read
+    /// elsewhere (the group coordinator, when the group commits to Kafka).
+    pub async fn snapshot_offsets(
+        &self,
+        group: &GroupId,
+        name: &SnapshotName,
+        topic: Option<&Topic>,
+        committed: &BTreeMap<TopicPartition, i64>,
+        now_ms: u64,
+    ) -> Result<OffsetSnapshot, AdminError> {
         let mut offsets: BTreeMap<String, BTreeMap<Partition, OffsetData>> = BTreeMap::new();
-        for (tp, state) in &read {
-            if let Some((o, _)) = state.committed {
-                let o = OffsetData::new(o).map_err(|e| AdminError::Invalid(e.to_string()))?;
-                offsets.entry(tp.topic.to_string()).or_default().insert(tp.partition, o);
-            }
+        for (tp, &o) in committed.iter().filter(|(tp, _)| topic.is_none_or(|t| &tp.topic == t)) {
+            let o = OffsetData::new(o).map_err(|e| AdminError::Invalid(e.to_string()))?;
+            offsets.entry(tp.topic.to_string()).or_default().insert(tp.partition, o);
         }
         if offsets.is_empty() {
             return Err(AdminError::NothingCommitted { group: group.clone(), topic: topic.cloned() });

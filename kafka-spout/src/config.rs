@@ -21,6 +21,64 @@ const DEFAULT_FETCH_QUEUE_BACKOFF_MS: u32 = 10;
 const OWNED_CONSUMER_KEYS: &[&str] =
     &["bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store", "auto.offset.reset"];
 
+/// Where a group's committed offsets live (Kafka 0.8.2's `offsets.storage`, with its
+/// `dual.commit.enabled` folded in as `dual`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OffsetsStorage {
+    /// `/consumers/[group]/offsets` in the ZooKeeper registry only (Kafka 0.8's way).
+    #[default]
+    Zookeeper,
+    /// The group coordinator only (`__consumer_offsets`, what today's Kafka tools read).
+    Kafka,
+    /// Both, the same offset at every commit; a partition starts from the larger of the two
+    /// (Kafka's rule while a group migrates from ZooKeeper to Kafka storage).
+    Dual,
+}
+
+impl OffsetsStorage {
+    /// Every value, as spelled in config.
+    pub const NAMES: [&'static str; 3] = ["zookeeper", "kafka", "dual"];
+
+    /// Whether offsets are committed to (and read from) ZooKeeper.
+    pub fn uses_zookeeper(self) -> bool {
+        matches!(self, OffsetsStorage::Zookeeper | OffsetsStorage::Dual)
+    }
+
+    /// Whether offsets are committed to (and read from) the group coordinator.
+    pub fn uses_kafka(self) -> bool {
+        matches!(self, OffsetsStorage::Kafka | OffsetsStorage::Dual)
+    }
+
+    /// The name as spelled in config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OffsetsStorage::Zookeeper => "zookeeper",
+            OffsetsStorage::Kafka => "kafka",
+            OffsetsStorage::Dual => "dual",
+        }
+    }
+}
+
+impl std::fmt::Display for OffsetsStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for OffsetsStorage {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "zookeeper" => Ok(OffsetsStorage::Zookeeper),
+            "kafka" => Ok(OffsetsStorage::Kafka),
+            "dual" => Ok(OffsetsStorage::Dual),
+            other => Err(format!("{other:?} is not one of {}", OffsetsStorage::NAMES.join(", "))),
+        }
+    }
+}
+
 /// The Kafka spout's configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -36,6 +94,10 @@ pub struct KafkaSpoutConfig {
     pub auto_offset_reset: OffsetReset,
     /// `offsets.commit.interval.ms`: Kafka 0.8's default, 2000 (SPEC section 5).
     pub offsets_commit_interval_ms: u64,
+    /// `offsets.storage`: where acknowledged offsets are committed (Kafka 0.8.2's key and
+    /// names; its default, `zookeeper`). Membership and ownership stay in the ZooKeeper
+    /// registry whatever this says.
+    pub offsets_storage: OffsetsStorage,
     /// `fetch.min.bytes`: librdkafka's default, 1.
     pub fetch_min_bytes: u32,
     /// `fetch.max.bytes`: librdkafka's default, 52428800.
@@ -69,6 +131,7 @@ impl Default for KafkaSpoutConfig {
             group_id: String::new(),
             auto_offset_reset: OffsetReset::Largest,
             offsets_commit_interval_ms: 2000,
+            offsets_storage: OffsetsStorage::Zookeeper,
             fetch_min_bytes: 1,
             fetch_max_bytes: 52_428_800,
             max_partition_fetch_bytes: 1_048_576,
@@ -131,17 +194,30 @@ impl KafkaSpoutConfig {
         RegistryConfig { auto_offset_reset: self.auto_offset_reset, ..self.registry.clone() }
     }
 
-    /// librdkafka's consumer configuration. Offsets live in ZooKeeper, so the broker never
-    /// sees a commit; a fetch offset out of the broker's range is reset by librdkafka with
-    /// the spout's `auto_offset_reset` (the spout notices, logs and counts it).
+    /// The `group.id` librdkafka is given. With Kafka storage it is the group itself: the
+    /// coordinator keeps the group's offsets under that name, where Kafka's tools look. With
+    /// ZooKeeper storage the broker never sees a commit, but librdkafka insists on a group id
+    /// for a consumer: a name no real Kafka group would take. No group protocol is used either
+    /// way (assign, never subscribe).
+    pub fn kafka_group_id(&self) -> String {
+        if self.offsets_storage.uses_kafka() {
+            self.group_id.clone()
+        } else {
+            format!("squall-{}", self.group_id)
+        }
+    }
+
+    /// librdkafka's consumer configuration. Offsets are committed by the spout itself (to
+    /// ZooKeeper, the coordinator or both, see `offsets_storage`), never automatically; a
+    /// fetch offset out of the broker's range is reset by librdkafka with the spout's
+    /// `auto_offset_reset` (the spout notices, logs and counts it).
     pub fn consumer_config(&self) -> ClientConfig {
         let mut c = ClientConfig::new();
         for (k, v) in &self.librdkafka {
             c.set(k, v);
         }
         c.set("bootstrap.servers", &self.bootstrap_servers)
-            // librdkafka insists on a group id for a consumer; no group protocol is used (assign).
-            .set("group.id", format!("squall-{}", self.group_id))
+            .set("group.id", self.kafka_group_id())
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set(
@@ -244,6 +320,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.offsets_commit_interval_ms, 2000);
+        assert_eq!(config.offsets_storage, OffsetsStorage::Zookeeper);
+        assert_eq!(config.consumer_config().get("group.id"), Some("squall-g"));
         assert_eq!(config.registry_config().auto_offset_reset, OffsetReset::Smallest);
         assert_eq!(config.registry.rebalance_backoff_ms, 100);
         config.validate().unwrap();
@@ -281,6 +359,32 @@ mod tests {
             KafkaSpoutConfig { topics: vec!["bad topic".into()], ..base }.validate(),
             Err(Error::InvalidId(_))
         ));
+    }
+
+    #[test]
+    fn offsets_storage_is_named_as_kafka_names_it_and_a_bad_value_names_the_key() {
+        for (name, storage, zookeeper, kafka) in [
+            ("zookeeper", OffsetsStorage::Zookeeper, true, false),
+            ("kafka", OffsetsStorage::Kafka, false, true),
+            ("dual", OffsetsStorage::Dual, true, true),
+        ] {
+            let config: KafkaSpoutConfig =
+                serde_yaml_ng::from_str(&format!("topics: [t]\ngroup_id: g\noffsets_storage: {name}\n"))
+                    .unwrap();
+            assert_eq!(config.offsets_storage, storage);
+            assert_eq!((storage.uses_zookeeper(), storage.uses_kafka()), (zookeeper, kafka), "{name}");
+            assert_eq!(name.parse::<OffsetsStorage>().unwrap(), storage);
+            assert_eq!(storage.to_string(), name);
+            config.validate().unwrap();
+            // With Kafka storage the coordinator keeps the offsets under the group's own name.
+            let group_id = if kafka { "g" } else { "squall-g" };
+            assert_eq!(config.consumer_config().get("group.id"), Some(group_id), "{name}");
+        }
+        let err = serde_yaml_ng::from_str::<KafkaSpoutConfig>("offsets_storage: broker\n").unwrap_err();
+        assert!(err.to_string().contains("offsets_storage"), "{err}");
+        assert!(err.to_string().contains("zookeeper"), "the accepted values are listed: {err}");
+        let err = "Kafka".parse::<OffsetsStorage>().unwrap_err();
+        assert!(err.contains("zookeeper, kafka, dual"), "{err}");
     }
 
     #[test]

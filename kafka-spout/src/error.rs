@@ -28,6 +28,9 @@ pub enum Error {
         #[source]
         source: KafkaError,
     },
+    /// A blocking librdkafka call did not answer in time (it may still complete).
+    #[error("kafka client: {context}: no answer within {after_ms} ms")]
+    TimedOut { context: &'static str, after_ms: u64 },
     /// The consumer registry (ZooKeeper) failed.
     #[error(transparent)]
     Registry(#[from] consumer_registry::Error),
@@ -70,6 +73,7 @@ impl Error {
                         | C::NetworkException
                 )
             }),
+            Error::TimedOut { .. } => true,
             Error::InvalidConfig { .. }
             | Error::InvalidId(_)
             | Error::MissingField { .. }

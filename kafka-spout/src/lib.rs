@@ -15,6 +15,8 @@
 //! - `config`: [`KafkaSpoutConfig`], [`KafkaBoltConfig`] (topology `params:`).
 //! - `spout`: [`KafkaSpout`] (executor side: the lease-fenced hot path) and its coordinator
 //!   (registry side).
+//! - `group_offsets`: a group's offsets in Kafka's group coordinator (`offsets_storage: kafka |
+//!   dual`) and the start rule over both stores ([`group_offsets::start_position`]).
 //! - `context`: librdkafka's log and error callbacks, into `tracing` with the task.
 //! - `bolt`: [`KafkaBolt`].
 //! - `metrics`: `squall_spout_*` and `squall_kafka_bolt_*` families.
@@ -32,6 +34,7 @@ pub mod bolt;
 pub mod config;
 mod context;
 pub mod error;
+pub mod group_offsets;
 pub mod metrics;
 pub mod offsets;
 pub mod spout;
@@ -39,7 +42,7 @@ pub mod spout;
 use std::sync::Arc;
 
 pub use bolt::KafkaBolt;
-pub use config::{KafkaBoltConfig, KafkaSpoutConfig};
+pub use config::{KafkaBoltConfig, KafkaSpoutConfig, OffsetsStorage};
 pub use error::{Error, Result};
 pub use metrics::{BoltMetrics, SpoutMetrics};
 pub use spout::{FIELDS, KafkaSpout, SpoutEnv};

@@ -21,6 +21,9 @@ pub struct SpoutMetrics {
     /// Burrow's status of the partition ([`consumer_registry::lag::LagStatus::code`]).
     pub(crate) lag_status: IntGaugeVec,
     pub(crate) paused: IntGaugeVec,
+    /// Commits to and reads from the group coordinator that failed or timed out
+    /// (`offsets_storage: kafka | dual`), by group and operation (`commit`, `fetch`).
+    pub(crate) kafka_offset_failures: IntCounterVec,
 }
 
 /// The producer bolt's metric families.
@@ -99,7 +102,7 @@ impl SpoutMetrics {
             committed_offset: gauge(
                 registry,
                 "squall_spout_committed_offset",
-                "The offset last committed to ZooKeeper (next to consume)",
+                "The offset last committed (next to consume), to ZooKeeper or with offsets_storage kafka to Kafka",
             )?,
             log_end_offset: gauge(registry, "squall_spout_log_end_offset", "The partition's high watermark")?,
             lag: gauge(registry, "squall_spout_lag", "Log-end offset minus committed offset")?,
@@ -119,6 +122,12 @@ impl SpoutMetrics {
                 registry.register(Box::new(g.clone()))?;
                 g
             },
+            kafka_offset_failures: counter(
+                registry,
+                "squall_spout_kafka_offset_failures_total",
+                "Offset commits to and reads from the Kafka group coordinator that failed or timed out (offsets_storage kafka or dual)",
+                &["group", "operation"],
+            )?,
         })
     }
 }

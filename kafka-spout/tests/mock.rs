@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use cluster_state::coord::Ensemble;
-use kafka_spout::{BoltMetrics, KafkaSpout, KafkaSpoutConfig, SpoutEnv};
+use kafka_spout::{BoltMetrics, KafkaSpout, KafkaSpoutConfig, OffsetsStorage, SpoutEnv};
 use support::*;
 use worker::{LocalCluster, TopologyBuilder, TopologyConfig};
 
@@ -466,4 +466,138 @@ fn group_gauges_follow_their_partitions_to_another_process() {
     );
     a.shutdown(Duration::from_secs(5));
     b.shutdown(Duration::from_secs(5));
+}
+
+/// ZooKeeper's committed offsets of `group` on partitions `0..partitions` of `topic`.
+fn zk_committed(zk: &Zk, group: &str, topic: &str, partitions: i32) -> Vec<Option<i64>> {
+    (0..partitions).map(|p| zk.committed(group, topic, p)).collect()
+}
+
+#[test]
+fn dual_storage_commits_the_same_offsets_to_kafka_as_to_zookeeper() {
+    let kafka = MockKafka::start(&[("dual", 3)]);
+    let rig = Rig::new();
+    let zk = Zk::connect(&rig.ensemble);
+    let record = Arc::new(Record::default());
+    let config = KafkaSpoutConfig {
+        offsets_storage: OffsetsStorage::Dual,
+        ..spout_config(&kafka.bootstrap(), "dual", "gd")
+    };
+    let cluster = rig.start("td", config, 2, &record, ack_all, TopologyConfig::default());
+    // Three rounds of traffic; after each, once ZooKeeper has the end, Kafka has the same.
+    for round in 1..=3u64 {
+        produce(&kafka.bootstrap(), "dual", 3, (round - 1) * 300..round * 300);
+        let end = Some(i64::try_from(round * 100).unwrap());
+        assert!(
+            wait_until(WAIT, || zk_committed(&zk, "gd", "dual", 3) == vec![end; 3]),
+            "round {round}: ZooKeeper {:?}",
+            zk_committed(&zk, "gd", "dual", 3)
+        );
+        assert!(
+            wait_until(WAIT, || kafka_committed(&kafka.bootstrap(), "gd", "dual", 3)
+                == zk_committed(&zk, "gd", "dual", 3)),
+            "round {round}: Kafka {:?}, ZooKeeper {:?}",
+            kafka_committed(&kafka.bootstrap(), "gd", "dual", 3),
+            zk_committed(&zk, "gd", "dual", 3)
+        );
+    }
+    assert_eq!(record.numbers(), all(900));
+    assert_eq!(metric(&rig.metrics, "squall_spout_kafka_offset_failures_total", &[]), 0.0);
+    cluster.shutdown(Duration::from_secs(5));
+}
+
+#[test]
+fn kafka_storage_resumes_a_restarted_topology_from_kafkas_offsets() {
+    let kafka = MockKafka::start(&[("kstore", 2)]);
+    produce(&kafka.bootstrap(), "kstore", 2, 0..200);
+    let rig = Rig::new();
+    let zk = Zk::connect(&rig.ensemble);
+    let config = KafkaSpoutConfig {
+        offsets_storage: OffsetsStorage::Kafka,
+        ..spout_config(&kafka.bootstrap(), "kstore", "gk")
+    };
+    let first = Arc::new(Record::default());
+    let cluster = rig.start("tk", config.clone(), 1, &first, ack_all, TopologyConfig::default());
+    assert!(wait_until(WAIT, || first.numbers() == all(200)));
+    assert!(
+        wait_until(WAIT, || kafka_committed(&kafka.bootstrap(), "gk", "kstore", 2) == vec![Some(100); 2]),
+        "Kafka: {:?}",
+        kafka_committed(&kafka.bootstrap(), "gk", "kstore", 2)
+    );
+    cluster.shutdown(Duration::from_secs(5));
+    // Kafka only: ZooKeeper holds membership, never an offset.
+    assert_eq!(zk_committed(&zk, "gk", "kstore", 2), vec![None, None]);
+    produce(&kafka.bootstrap(), "kstore", 2, 200..300);
+    let second = Arc::new(Record::default());
+    let cluster = rig.start("tk", config, 1, &second, ack_all, TopologyConfig::default());
+    let rest: BTreeSet<u64> = (200..300).collect();
+    assert!(wait_until(WAIT, || second.numbers() == rest), "second run: {} records", second.len());
+    assert!(wait_until(WAIT, || kafka_committed(&kafka.bootstrap(), "gk", "kstore", 2) == vec![Some(150); 2]));
+    // An observation window, not a synchronisation: nothing before Kafka's offsets comes again.
+    assert!(!wait_until(Duration::from_millis(300), || second.len() > 100), "re-delivered: {}", second.len());
+    cluster.shutdown(Duration::from_secs(5));
+}
+
+#[test]
+fn dual_storage_starts_from_the_larger_of_the_two_offsets() {
+    let kafka = MockKafka::start(&[("ahead", 2)]);
+    produce(&kafka.bootstrap(), "ahead", 2, 0..100);
+    let rig = Rig::new();
+    let zk = Zk::connect(&rig.ensemble);
+    // Partition 0: Kafka is ahead (30 > 10); partition 1: ZooKeeper is (40 > 20).
+    zk.set_committed("ga", "ahead", 0, 10);
+    zk.set_committed("ga", "ahead", 1, 40);
+    kafka_commit(&kafka.bootstrap(), "ga", "ahead", 0, 30);
+    kafka_commit(&kafka.bootstrap(), "ga", "ahead", 1, 20);
+    let record = Arc::new(Record::default());
+    let config = KafkaSpoutConfig {
+        offsets_storage: OffsetsStorage::Dual,
+        ..spout_config(&kafka.bootstrap(), "ahead", "ga")
+    };
+    let cluster = rig.start("ta", config, 1, &record, ack_all, TopologyConfig::default());
+    let expected: BTreeSet<u64> =
+        (0..100).filter(|n| if n % 2 == 0 { n / 2 >= 30 } else { n / 2 >= 40 }).collect();
+    assert!(wait_until(WAIT, || record.numbers() == expected), "got {} records", record.len());
+    assert!(wait_until(WAIT, || zk_committed(&zk, "ga", "ahead", 2) == vec![Some(50); 2]));
+    assert!(wait_until(WAIT, || kafka_committed(&kafka.bootstrap(), "ga", "ahead", 2) == vec![Some(50); 2]));
+    assert!(record.duplicates().is_empty());
+    cluster.shutdown(Duration::from_secs(5));
+}
+
+#[test]
+fn with_dual_storage_a_coordinator_refusing_commits_never_holds_zookeeper_back() {
+    let kafka = MockKafka::start(&[("outage", 2)]);
+    produce(&kafka.bootstrap(), "outage", 2, 0..200);
+    let rig = Rig::new();
+    let zk = Zk::connect(&rig.ensemble);
+    let record = Arc::new(Record::default());
+    let config = KafkaSpoutConfig {
+        offsets_storage: OffsetsStorage::Dual,
+        ..spout_config(&kafka.bootstrap(), "outage", "go")
+    };
+    let cluster = rig.start("to", config, 1, &record, ack_all, TopologyConfig::default());
+    assert!(wait_until(WAIT, || kafka_committed(&kafka.bootstrap(), "go", "outage", 2) == vec![Some(100); 2]));
+    // The coordinator refuses every commit for a while: ZooKeeper's commits go on.
+    kafka.refuse_offset_commits(10_000);
+    produce(&kafka.bootstrap(), "outage", 2, 200..400);
+    assert!(wait_until(WAIT, || record.numbers() == all(400)));
+    assert!(wait_until(WAIT, || zk_committed(&zk, "go", "outage", 2) == vec![Some(200); 2]));
+    let failures = || {
+        metric(
+            &rig.metrics,
+            "squall_spout_kafka_offset_failures_total",
+            &[("group", "go"), ("operation", "commit")],
+        )
+    };
+    assert!(wait_until(WAIT, || failures() >= 2.0), "failures counted: {}", failures());
+    assert_eq!(kafka_committed(&kafka.bootstrap(), "go", "outage", 2), vec![Some(100); 2]);
+    // Back: the offsets Kafka missed are committed with the next commit, though ZooKeeper's
+    // have not changed since.
+    kafka.accept_offset_commits();
+    assert!(
+        wait_until(WAIT, || kafka_committed(&kafka.bootstrap(), "go", "outage", 2) == vec![Some(200); 2]),
+        "Kafka: {:?}",
+        kafka_committed(&kafka.bootstrap(), "go", "outage", 2)
+    );
+    cluster.shutdown(Duration::from_secs(5));
 }

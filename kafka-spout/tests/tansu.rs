@@ -13,10 +13,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use cluster_state::coord::Ensemble;
-use kafka_spout::{BoltMetrics, KafkaBolt, KafkaBoltConfig, KafkaSpout, KafkaSpoutConfig, SpoutEnv};
+use kafka_spout::{
+    BoltMetrics, KafkaBolt, KafkaBoltConfig, KafkaSpout, KafkaSpoutConfig, OffsetsStorage, SpoutEnv,
+};
 use support::tansu::Tansu;
 use support::traffic::{produce_paced, record_arrivals};
-use support::{Zk, produce, wait_until};
+use support::{Zk, kafka_committed, produce, wait_until};
 use test_harness::ZkServer;
 use worker::{
     Bolt, BoltCollector, ComponentError, Fields, LocalCluster, OutputDeclarer, TopologyBuilder,
@@ -167,6 +169,58 @@ fn numbers_reach_the_output_topic_at_least_once() {
     println!("plain: {} records for 2000 numbers", out.len());
     let registry = Zk::connect(&Ensemble::zookeeper(zk));
     assert!(wait_until(WAIT, || (0..4).all(|p| registry.committed("g", "in1", p) == Some(500))));
+    cluster.shutdown(Duration::from_secs(5));
+}
+
+#[test]
+fn dual_storage_commits_to_tansu_and_a_group_migrates_to_kafka_storage() {
+    logs();
+    let tansu = Tansu::start();
+    tansu.create_topic("in6", 4);
+    tansu.create_topic("out6", 4);
+    let zk = chroot("e2e-dual");
+    let registry = Zk::connect(&Ensemble::zookeeper(zk.clone()));
+    produce(&tansu.bootstrap(), "in6", 4, 0..2000);
+    let mut pipeline = Pipeline::new(&tansu.bootstrap(), &zk, "in6", "out6", "gd");
+    pipeline.spout.offsets_storage = OffsetsStorage::Dual;
+    let cluster = pipeline.start("dual", &prometheus::Registry::new());
+    let out = read_output(&tansu.bootstrap(), "out6", 4, 2000);
+    assert!(missing(&numbers(&out), 2000, 4).is_empty(), "missing {:?}", missing(&numbers(&out), 2000, 4));
+    let zookeeper = || (0..4).map(|p| registry.committed("gd", "in6", p)).collect::<Vec<_>>();
+    assert!(wait_until(WAIT, || zookeeper() == vec![Some(500); 4]), "ZooKeeper: {:?}", zookeeper());
+    // What `kafka-consumer-groups.sh --describe --group gd` reads: the same offsets.
+    assert!(
+        wait_until(WAIT, || kafka_committed(&tansu.bootstrap(), "gd", "in6", 4) == zookeeper()),
+        "Kafka {:?}, ZooKeeper {:?}",
+        kafka_committed(&tansu.bootstrap(), "gd", "in6", 4),
+        zookeeper()
+    );
+    cluster.shutdown(Duration::from_secs(5));
+    // The migration's last step: Kafka storage alone, resuming where dual left off.
+    produce(&tansu.bootstrap(), "in6", 4, 2000..2400);
+    pipeline.spout.offsets_storage = OffsetsStorage::Kafka;
+    pipeline.tag = "kafka".into();
+    let cluster = pipeline.start("kafka", &prometheus::Registry::new());
+    let out = read_output(&tansu.bootstrap(), "out6", 4, 2400);
+    assert!(missing(&numbers(&out), 2400, 4).is_empty(), "missing {:?}", missing(&numbers(&out), 2400, 4));
+    assert!(wait_until(WAIT, || kafka_committed(&tansu.bootstrap(), "gd", "in6", 4) == vec![Some(600); 4]));
+    let again: Vec<&String> = out
+        .iter()
+        .map(|(k, _)| k)
+        .filter(|k| {
+            k.strip_prefix("kafka/")
+                .and_then(|po| po.split_once(':'))
+                .is_some_and(|(_, o)| o.parse::<i64>().unwrap() < 500)
+        })
+        .collect();
+    assert!(
+        again.is_empty(),
+        "the kafka-storage run emitted below Kafka's offsets: {:?}",
+        &again[..again.len().min(10)]
+    );
+    // Kafka storage leaves ZooKeeper's offsets where dual left them.
+    assert_eq!(zookeeper(), vec![Some(500); 4]);
+    println!("dual then kafka: {} records for 2400 numbers", out.len());
     cluster.shutdown(Duration::from_secs(5));
 }
 

@@ -1,10 +1,12 @@
 //! The brokers' side of `squall offsets`: partitions, earliest and log-end offsets, offsets by
-//! time, through a plain librdkafka consumer.
+//! time, through a plain librdkafka consumer; and a group's offsets in Kafka's group
+//! coordinator (`--offsets-storage kafka | dual`), through a consumer of that group that never
+//! joins it (as the spouts commit them).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use cluster_state::ids::{Partition, Topic};
+use cluster_state::ids::{GroupId, Partition, Topic};
 use consumer_registry::TopicPartition;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -28,6 +30,36 @@ impl Kafka {
             .create()
             .map_err(|e| format!("Kafka client for {brokers}: {e}"))?;
         Ok(Kafka { consumer, brokers: brokers.to_owned() })
+    }
+
+    /// A consumer whose `group.id` is `group`, for its offsets in the group coordinator.
+    fn group_consumer(&self, group: &GroupId) -> Result<BaseConsumer, String> {
+        ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("group.id", group.as_str())
+            .set("enable.auto.commit", "false")
+            .create()
+            .map_err(|e| format!("Kafka client for {}: {e}", self.brokers))
+    }
+
+    /// The offsets Kafka's group coordinator holds for `group` (`None`: nothing committed).
+    pub(super) fn group_offsets(
+        &self,
+        group: &GroupId,
+        tps: &[TopicPartition],
+    ) -> Result<BTreeMap<TopicPartition, Option<i64>>, String> {
+        kafka_spout::group_offsets::committed(&self.group_consumer(group)?, tps, KAFKA_TIMEOUT)
+            .map_err(|e| format!("Kafka at {}: offsets of group {group}: {e}", self.brokers))
+    }
+
+    /// Commits `offsets` for `group` in Kafka's group coordinator.
+    pub(super) fn commit_group(
+        &self,
+        group: &GroupId,
+        offsets: &BTreeMap<TopicPartition, i64>,
+    ) -> Result<(), String> {
+        kafka_spout::group_offsets::commit(&self.group_consumer(group)?, offsets)
+            .map_err(|e| format!("Kafka at {}: committing offsets of group {group}: {e}", self.brokers))
     }
 
     /// The topic's partitions; an unknown topic is an error naming it.

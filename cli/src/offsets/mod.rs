@@ -13,8 +13,15 @@
 //! squall offsets delete-snapshot --group G --name N
 //! ```
 //! with `--zookeeper host:port[/chroot]` (or the config file's servers), `--registry-chroot`
-//! (the spouts' `zookeeper_chroot`) and `--brokers` for Kafka. A reset prints its plan and
-//! changes nothing unless `--execute` is given; it is refused while the group has live members.
+//! (the spouts' `zookeeper_chroot`), `--brokers` for Kafka and `--offsets-storage` (the
+//! spouts' `offsets_storage`, default `zookeeper`). A reset prints its plan and changes
+//! nothing unless `--execute` is given; it is refused while the group has live members.
+//!
+//! With `--offsets-storage kafka | dual` the group's offsets in Kafka's group coordinator are
+//! read too: `describe` shows them in a `Kafka` column next to ZooKeeper's `Offset` and marks
+//! divergence; lag, `export` and a reset's current offsets are the offsets the spouts would
+//! start from (Kafka's, or with `dual` the larger of the two); a reset writes both stores, so
+//! that `dual`'s larger-offset rule cannot undo a rewind.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -25,6 +32,7 @@ use cluster_state::ids::{GroupId, SnapshotName, Topic};
 use cluster_state::paths::KafkaPaths;
 use consumer_registry::TopicPartition;
 use consumer_registry::admin::{Admin, PartitionState, export_lines};
+use kafka_spout::OffsetsStorage;
 
 use crate::config::ClusterConfig;
 
@@ -37,7 +45,7 @@ use kafka::{Kafka, connection_kafka};
 use reset::reset;
 pub(crate) use reset::reset as reset_group;
 use tables::print_plan;
-pub use tables::{DescribeRow, SnapshotRow, describe_table, snapshots_table};
+pub use tables::{DescribeRow, KafkaCell, SnapshotRow, describe_table, diverged, snapshots_table};
 
 /// Where the registry and the brokers are.
 #[derive(Debug, Clone, clap::Args)]
@@ -55,6 +63,10 @@ pub struct Connection {
     /// Cluster config file (for storm.zookeeper.servers).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Where the group's spouts commit (their `offsets_storage`): zookeeper, kafka or dual.
+    /// With kafka or dual, Kafka's group offsets are read and written too (needs --brokers).
+    #[arg(long, value_name = "STORAGE", default_value_t = OffsetsStorage::Zookeeper)]
+    pub offsets_storage: OffsetsStorage,
 }
 
 /// `squall offsets ...`.
@@ -198,6 +210,37 @@ impl Connection {
     fn kafka(&self) -> Result<Option<Kafka>, String> {
         self.brokers.as_deref().map(Kafka::connect).transpose()
     }
+
+    /// With Kafka storage: the group's offsets in Kafka for `tps` (`None` with ZooKeeper
+    /// storage); the brokers are then required.
+    fn kafka_offsets(
+        &self,
+        kafka: Option<&Kafka>,
+        group: &GroupId,
+        tps: &[TopicPartition],
+    ) -> Result<Option<BTreeMap<TopicPartition, Option<i64>>>, String> {
+        if !self.offsets_storage.uses_kafka() {
+            return Ok(None);
+        }
+        let kafka = kafka.ok_or_else(|| {
+            format!(
+                "--offsets-storage {}: the group's offsets are in Kafka: pass --brokers",
+                self.offsets_storage
+            )
+        })?;
+        kafka.group_offsets(group, tps).map(Some)
+    }
+}
+
+/// The offset the group's spouts would start from, given what each store holds (the spouts'
+/// rule, `kafka_spout::group_offsets::start_position`): ZooKeeper's, Kafka's, or with `dual`
+/// the larger.
+pub(crate) fn effective(storage: OffsetsStorage, zookeeper: Option<i64>, kafka: Option<i64>) -> Option<i64> {
+    match storage {
+        OffsetsStorage::Zookeeper => zookeeper,
+        OffsetsStorage::Kafka => kafka,
+        OffsetsStorage::Dual => zookeeper.max(kafka),
+    }
 }
 
 /// Runs `squall offsets`.
@@ -255,11 +298,15 @@ async fn describe(
         let all: Vec<TopicPartition> = partitions.iter().cloned().collect();
         log_ends = kafka.ranges(&all)?.into_iter().map(|(tp, (_, end))| (tp, end)).collect();
     }
+    let all: Vec<TopicPartition> = partitions.iter().cloned().collect();
+    let in_kafka = connection.kafka_offsets(kafka.as_ref(), &group, &all)?;
+    let storage = connection.offsets_storage;
     let rows: Vec<DescribeRow> = partitions
         .into_iter()
         .map(|tp| {
             let state = read.get(&tp);
             let offset = state.and_then(|s| s.committed).map(|(o, _)| o);
+            let kafka = in_kafka.as_ref().map(|k| k.get(&tp).copied().flatten());
             let log_end = log_ends.get(&tp).copied();
             DescribeRow {
                 group: group.to_string(),
@@ -268,9 +315,14 @@ async fn describe(
                 offset,
                 log_end,
                 // ConsumerOffsetChecker's "unknown" without a committed offset: where the
-                // consumer starts then depends on its auto.offset.reset.
-                lag: offset.zip(log_end).map(|(o, end)| end - o),
+                // consumer starts then depends on its auto.offset.reset. With Kafka storage,
+                // the lag of where the spouts would start.
+                lag: effective(storage, offset, kafka.flatten()).zip(log_end).map(|(o, end)| end - o),
                 owner: state.and_then(|s| s.owner.clone()),
+                kafka: kafka.map(|k| KafkaCell {
+                    offset: k,
+                    diverged: diverged(storage == OffsetsStorage::Dual, offset, k),
+                }),
             }
         })
         .collect();
@@ -283,11 +335,50 @@ async fn describe(
     if kafka.is_none() {
         eprintln!("(LogEnd and Lag need the brokers: pass --brokers)");
     }
+    let diverging = rows.iter().filter(|r| r.kafka.is_some_and(|k| k.diverged)).count();
+    if diverging > 0 {
+        let rule = match storage {
+            OffsetsStorage::Dual => "with dual storage the spouts start from the larger",
+            _ => "with kafka storage the spouts start from Kafka's",
+        };
+        eprintln!("* ZooKeeper's and Kafka's offsets differ on {diverging} partition(s); {rule}");
+    }
     Ok(())
 }
 
 fn committed(read: &BTreeMap<TopicPartition, PartitionState>) -> BTreeMap<TopicPartition, i64> {
     read.iter().filter_map(|(tp, s)| s.committed.map(|(o, _)| (tp.clone(), o))).collect()
+}
+
+/// The offsets the group's spouts would start from, per partition with one: ZooKeeper's
+/// `read`, merged with Kafka's by the storage's rule (Kafka's are read for the partitions of
+/// every topic ZooKeeper knows, plus `topics`).
+fn starting_offsets(
+    connection: &Connection,
+    group: &GroupId,
+    read: &BTreeMap<TopicPartition, PartitionState>,
+    topics: &BTreeSet<Topic>,
+) -> Result<BTreeMap<TopicPartition, i64>, String> {
+    let zookeeper = committed(read);
+    if !connection.offsets_storage.uses_kafka() {
+        return Ok(zookeeper);
+    }
+    let kafka = connection_kafka(connection)?;
+    let mut tps: BTreeSet<TopicPartition> = read.keys().cloned().collect();
+    let all_topics: BTreeSet<Topic> =
+        topics.iter().cloned().chain(read.keys().map(|tp| tp.topic.clone())).collect();
+    for t in &all_topics {
+        tps.extend(kafka.partitions(t)?.into_iter().map(|p| TopicPartition::new(t.clone(), p)));
+    }
+    let tps: Vec<TopicPartition> = tps.into_iter().collect();
+    let in_kafka = connection.kafka_offsets(Some(&kafka), group, &tps)?.unwrap_or_default();
+    Ok(tps
+        .into_iter()
+        .filter_map(|tp| {
+            let kafka = in_kafka.get(&tp).copied().flatten();
+            effective(connection.offsets_storage, zookeeper.get(&tp).copied(), kafka).map(|o| (tp, o))
+        })
+        .collect())
 }
 
 async fn export(group: &str, file: Option<PathBuf>, connection: &Connection) -> Result<(), String> {
@@ -296,7 +387,7 @@ async fn export(group: &str, file: Option<PathBuf>, connection: &Connection) -> 
     let read =
         Admin::new(&session, connection.paths()?).read(&group, None).await.map_err(|e| e.to_string())?;
     let _ = session.close().await;
-    let text = export_lines(&group, &committed(&read));
+    let text = export_lines(&group, &starting_offsets(connection, &group, &read, &BTreeSet::new())?);
     match file {
         Some(path) => {
             std::fs::write(&path, &text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
@@ -318,11 +409,20 @@ async fn snapshot(
     let topic = topic.map(topic_of).transpose()?;
     let session = session(connection).await?;
     let now_ms = cluster_state::clock::now_millis();
-    let taken = Admin::new(&session, connection.paths()?)
-        .snapshot(&group, &name, topic.as_ref(), now_ms)
-        .await
-        .map_err(|e| e.to_string())?;
+    let admin = Admin::new(&session, connection.paths()?);
+    // With Kafka storage: the offsets the spouts would start from (Kafka's, or the larger).
+    let taken = async {
+        let read = admin.read(&group, topic.as_ref()).await.map_err(|e| e.to_string())?;
+        let topics: BTreeSet<Topic> = topic.iter().cloned().collect();
+        let offsets = starting_offsets(connection, &group, &read, &topics)?;
+        admin
+            .snapshot_offsets(&group, &name, topic.as_ref(), &offsets, now_ms)
+            .await
+            .map_err(|e| e.to_string())
+    }
+    .await;
     let _ = session.close().await;
+    let taken = taken?;
     let count: usize = taken.offsets.values().map(BTreeMap::len).sum();
     println!(
         "snapshot {name} of group {group}: {count} partition offsets; replay with `squall offsets reset --group {group} --from-snapshot {name} --execute`"

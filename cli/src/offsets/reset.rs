@@ -9,7 +9,7 @@ use cluster_state::ids::{GroupId, SnapshotName, Topic};
 use consumer_registry::TopicPartition;
 use consumer_registry::admin::{Admin, ResetTo, parse_export, plan};
 
-use super::{ResetArgs, connection_kafka, group_id, print_plan, session, topic_of};
+use super::{ResetArgs, connection_kafka, effective, group_id, print_plan, session, topic_of};
 
 /// Where a reset goes, with everything that can be checked without a connection checked.
 pub(super) enum Target {
@@ -112,9 +112,16 @@ pub(super) async fn reset_with(
         Resolved::Known(to) => to,
         Resolved::Time(ms) => ResetTo::Given(kafka.at_time(&tps, ms)?),
     };
+    // With Kafka storage, "current" is where the spouts would start (Kafka's, or the larger).
+    let storage = args.connection.offsets_storage;
+    let all: Vec<TopicPartition> = ranges.keys().cloned().collect();
+    let in_kafka = args.connection.kafka_offsets(Some(kafka), group, &all)?.unwrap_or_default();
     let current: BTreeMap<TopicPartition, Option<i64>> = ranges
         .keys()
-        .map(|tp| (tp.clone(), read.get(tp).and_then(|s| s.committed).map(|(o, _)| o)))
+        .map(|tp| {
+            let zookeeper = read.get(tp).and_then(|s| s.committed).map(|(o, _)| o);
+            (tp.clone(), effective(storage, zookeeper, in_kafka.get(tp).copied().flatten()))
+        })
         .collect();
     let rows = plan(&current, &ranges, &to).map_err(|e| e.to_string())?;
     print_plan(group, &rows);
@@ -131,7 +138,19 @@ pub(super) async fn reset_with(
         return Ok(());
     }
     let joined = admin.write(group, &read, &rows).await.map_err(|e| e.to_string())?;
-    println!("reset {} partition offsets of group {group}", rows.len());
+    if storage.uses_kafka() {
+        // Both stores, whatever the storage: with `dual` the larger would win, and ZooKeeper
+        // kept current under `kafka` is what a move back to `zookeeper` or `dual` starts from.
+        let targets: BTreeMap<TopicPartition, i64> = rows.iter().map(|r| (r.tp.clone(), r.target)).collect();
+        kafka.commit_group(group, &targets).map_err(|e| {
+            format!(
+                "ZooKeeper's offsets of group {group} are reset but Kafka's are not: {e}; run the reset again"
+            )
+        })?;
+        println!("reset {} partition offsets of group {group} in ZooKeeper and Kafka", rows.len());
+    } else {
+        println!("reset {} partition offsets of group {group}", rows.len());
+    }
     if !joined.is_empty() {
         eprintln!(
             "warning: {} joined group {group} while the reset was written and may commit over it; stop it and check with `squall offsets describe --group {group}`",

@@ -20,18 +20,52 @@ pub struct DescribeRow {
     pub lag: Option<i64>,
     /// The owning consumer thread (`None`: unowned).
     pub owner: Option<String>,
+    /// Kafka's side, with `--offsets-storage kafka | dual` (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<KafkaCell>,
+}
+
+/// The group's offset in Kafka's group coordinator, next to ZooKeeper's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct KafkaCell {
+    /// `None`: nothing committed in Kafka.
+    pub offset: Option<i64>,
+    /// The two stores disagree (see [`diverged`]).
+    pub diverged: bool,
+}
+
+/// Whether ZooKeeper's and Kafka's offsets of a partition disagree in a way an operator must
+/// know: both hold one and they differ, or, with `dual` (which writes both every time), only
+/// one holds one.
+pub fn diverged(dual: bool, zookeeper: Option<i64>, kafka: Option<i64>) -> bool {
+    match (zookeeper, kafka) {
+        (Some(z), Some(k)) => z != k,
+        (None, None) => false,
+        _ => dual,
+    }
 }
 
 /// The table as ConsumerOffsetChecker prints it: `unknown` offset and lag when nothing is
-/// committed, `none` for no owner; `-` for what was not asked (no `--brokers`).
+/// committed, `none` for no owner; `-` for what was not asked (no `--brokers`). With Kafka
+/// storage a `Kafka` column follows ZooKeeper's `Offset`, its cell marked `*` where the two
+/// diverge.
 pub fn describe_table(rows: &[DescribeRow]) -> String {
-    let line = |cells: [&str; 7]| {
-        let [g, t, p, o, e, l, w] = cells;
-        format!("{g:<20} {t:<20} {p:>9} {o:>12} {e:>12} {l:>10}  {w}\n")
+    let with_kafka = rows.iter().any(|r| r.kafka.is_some());
+    let line = |cells: [&str; 8]| {
+        let [g, t, p, o, k, e, l, w] = cells;
+        let kafka = if with_kafka { format!(" {k:>12}") } else { String::new() };
+        format!("{g:<20} {t:<20} {p:>9} {o:>12}{kafka} {e:>12} {l:>10}  {w}\n")
     };
-    let mut out = line(["Group", "Topic", "Partition", "Offset", "LogEnd", "Lag", "Owner"]);
+    let mut out = line(["Group", "Topic", "Partition", "Offset", "Kafka", "LogEnd", "Lag", "Owner"]);
     for r in rows {
         let offset = r.offset.map_or_else(|| "unknown".to_owned(), |o| o.to_string());
+        let kafka = match r.kafka {
+            Some(k) => {
+                let offset = k.offset.map_or_else(|| "unknown".to_owned(), |o| o.to_string());
+                if k.diverged { format!("{offset}*") } else { offset }
+            }
+            None => "-".to_owned(),
+        };
         let log_end = r.log_end.map_or_else(|| "-".to_owned(), |e| e.to_string());
         let lag = match (r.lag, r.log_end) {
             (Some(l), _) => l.to_string(),
@@ -43,6 +77,7 @@ pub fn describe_table(rows: &[DescribeRow]) -> String {
             &r.topic,
             &r.partition.to_string(),
             &offset,
+            &kafka,
             &log_end,
             &lag,
             r.owner.as_deref().unwrap_or("none"),
@@ -143,6 +178,7 @@ mod tests {
             log_end,
             lag: offset.zip(log_end).map(|(o, e)| e - o),
             owner: owner.map(str::to_owned),
+            kafka: None,
         };
         let cases = [
             (row(Some(5), Some(9), Some("g_h-1-a-0")), ["5", "9", "4", "g_h-1-a-0"]),
@@ -161,5 +197,37 @@ mod tests {
             json,
             serde_json::json!({"group":"g","topic":"t","partition":0,"offset":null,"logEnd":9,"lag":null,"owner":null})
         );
+    }
+
+    #[test]
+    fn with_kafka_storage_a_kafka_column_follows_zookeepers_and_divergence_is_marked() {
+        let row = |offset: Option<i64>, kafka: Option<i64>| DescribeRow {
+            group: "g".into(),
+            topic: "t".into(),
+            partition: 0,
+            offset,
+            log_end: Some(9),
+            lag: offset.max(kafka).map(|o| 9 - o),
+            owner: None,
+            kafka: Some(KafkaCell { offset: kafka, diverged: diverged(true, offset, kafka) }),
+        };
+        let table = describe_table(&[row(Some(5), Some(5)), row(Some(5), Some(7)), row(None, Some(7))]);
+        let cells: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(cells[0], ["Group", "Topic", "Partition", "Offset", "Kafka", "LogEnd", "Lag", "Owner"]);
+        assert_eq!(cells[1][3..], ["5", "5", "9", "4", "none"]);
+        assert_eq!(cells[2][3..], ["5", "7*", "9", "2", "none"]);
+        assert_eq!(cells[3][3..], ["unknown", "7*", "9", "2", "none"]);
+        for (dual, zookeeper, kafka, expected) in [
+            (true, Some(1), Some(1), false),
+            (true, Some(1), Some(2), true),
+            (true, Some(1), None, true),
+            (false, Some(1), None, false),
+            (false, None, None, false),
+            (false, Some(1), Some(2), true),
+        ] {
+            assert_eq!(diverged(dual, zookeeper, kafka), expected, "{dual} {zookeeper:?} {kafka:?}");
+        }
+        let json = serde_json::to_value(row(Some(5), Some(7))).unwrap();
+        assert_eq!(json["kafka"], serde_json::json!({"offset": 7, "diverged": true}));
     }
 }

@@ -23,9 +23,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::partitions::{TaskState, lock};
 use super::{CLIENT_TIMEOUT, SHUTDOWN_TIMEOUT, START_ATTEMPTS};
-use crate::config::KafkaSpoutConfig;
+use crate::config::{KafkaSpoutConfig, OffsetsStorage};
 use crate::context::TaskConsumer;
 use crate::error::{Error, Result};
+use crate::group_offsets;
 use crate::metrics::SpoutMetrics;
 
 /// Requests from the executor thread to the coordinator.
@@ -84,6 +85,22 @@ pub(super) struct Coordinator {
     pub(super) leave_timeout: Duration,
     /// Per partition: the last log-end offset seen and Burrow's window of commits.
     pub(super) lag_windows: Mutex<HashMap<TopicPartition, (Option<i64>, LagWindow)>>,
+    /// `dual` only: offsets ZooKeeper has but whose commit to Kafka failed, retried with the
+    /// next commit while the partition is still ours (with `kafka` alone, a failed commit
+    /// leaves the offset due, so the next commit carries it anyway).
+    pub(super) kafka_behind: Mutex<BTreeMap<TopicPartition, i64>>,
+    /// Held by the commit to Kafka under way (until librdkafka answers, even past its
+    /// timeout): commits to Kafka never run side by side, so they never reorder.
+    pub(super) kafka_committing: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// How a commit treats the Kafka side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kafka {
+    /// On a task of its own (the periodic commit): the event loop goes on meanwhile.
+    Background,
+    /// Awaited, bounded by `CLIENT_TIMEOUT` (hand-off and shutdown: the next owner reads it).
+    Wait,
 }
 
 impl Coordinator {
@@ -119,7 +136,7 @@ impl Coordinator {
                     }
                     None => break,
                 },
-                _ = tick.tick() => self.commit_owned().await,
+                _ = tick.tick() => self.commit_owned(Kafka::Background).await,
             }
         }
         lag_cancel.cancel();
@@ -130,7 +147,7 @@ impl Coordinator {
         // Shutdown: commit, then leave the group (the member hands every partition off through
         // Revoking events, which are acknowledged without waiting for tuples that will never
         // be acked now), then close the session.
-        self.commit_owned().await;
+        self.commit_owned(Kafka::Wait).await;
         member_cancel.cancel();
         let leave = async {
             while let Some(event) = events.recv().await {
@@ -153,11 +170,25 @@ impl Coordinator {
 
     /// `cancel`: the task is running (a revoke waits for in-flight tuples until it fires);
     /// `None` during shutdown (nothing more will be acked).
-    async fn on_event(&self, event: MemberEvent, cancel: Option<&CancellationToken>) {
+    async fn on_event(self: &Arc<Self>, event: MemberEvent, cancel: Option<&CancellationToken>) {
         match event {
             MemberEvent::Assigned { partitions, session } => {
+                // Kafka's offsets of the whole assignment in one request: a broker that does
+                // not answer costs one timeout, not one per partition.
+                let in_kafka = match self.config.offsets_storage.uses_kafka() {
+                    true => Some(self.kafka_committed(partitions.iter().cloned().collect()).await),
+                    false => None,
+                };
+                if let Some(Err(e)) = &in_kafka {
+                    let then = match self.config.offsets_storage {
+                        OffsetsStorage::Dual => "starting from ZooKeeper's",
+                        _ => "reading them one by one",
+                    };
+                    tracing::warn!(component = %self.component, error = %e, "reading committed offsets from Kafka failed; {then}");
+                }
+                let in_kafka = in_kafka.and_then(Result::ok);
                 for tp in partitions {
-                    self.assign(tp, session, cancel).await;
+                    self.assign(tp, session, cancel, in_kafka.as_ref()).await;
                 }
             }
             MemberEvent::Revoking { partitions, ack } => {
@@ -240,12 +271,20 @@ impl Coordinator {
         self.metric_labels(tp, |l| self.metrics.lag_status.with_label_values(l).set(status.code()));
     }
 
-    async fn assign(&self, tp: TopicPartition, session: SessionId, cancel: Option<&CancellationToken>) {
+    /// `in_kafka`: the group's offsets in Kafka read for the assignment (`None`: not read, or
+    /// the read failed).
+    async fn assign(
+        &self,
+        tp: TopicPartition,
+        session: SessionId,
+        cancel: Option<&CancellationToken>,
+        in_kafka: Option<&BTreeMap<TopicPartition, Option<i64>>>,
+    ) {
         let mut delay = Duration::from_millis(100);
         let mut attempt = 0;
         let start = loop {
             attempt += 1;
-            match self.handle.offsets().start_position(&tp).await {
+            match self.start_position(&tp, in_kafka).await {
                 Ok(position) => break position,
                 Err(e) if attempt < START_ATTEMPTS && cancel.is_some_and(|c| !c.is_cancelled()) => {
                     tracing::warn!(component = %self.component, %tp, error = %e, "reading the start position; retrying");
@@ -266,6 +305,7 @@ impl Coordinator {
             StartPosition::Reset(OffsetReset::Smallest) => (Offset::Beginning, None),
             StartPosition::Reset(OffsetReset::Largest) => (Offset::End, None),
         };
+        self.kafka_behind.lock().unwrap_or_else(PoisonError::into_inner).remove(&tp);
         {
             let mut state = lock(&self.state);
             if let Some(old) = state.remove(&tp) {
@@ -288,7 +328,11 @@ impl Coordinator {
 
     /// Stop emitting from `partitions`, wait for their in-flight tuples (bounded), commit
     /// them, and forget them.
-    async fn revoke(&self, partitions: &BTreeSet<TopicPartition>, cancel: Option<&CancellationToken>) {
+    async fn revoke(
+        self: &Arc<Self>,
+        partitions: &BTreeSet<TopicPartition>,
+        cancel: Option<&CancellationToken>,
+    ) {
         {
             let mut state = lock(&self.state);
             for tp in partitions {
@@ -324,7 +368,7 @@ impl Coordinator {
                 .filter_map(|tp| state.get(tp).and_then(|p| p.offsets.commit_due()).map(|o| (tp.clone(), o)))
                 .collect()
         };
-        self.commit(offsets).await;
+        self.commit(offsets, Kafka::Wait).await;
         let mut state = lock(&self.state);
         for tp in partitions {
             state.remove(tp);
@@ -391,7 +435,7 @@ impl Coordinator {
     }
 
     /// Commits the safe offsets of the partitions this member owns (skipped while paused).
-    async fn commit_owned(&self) {
+    async fn commit_owned(self: &Arc<Self>, kafka: Kafka) {
         let ownership = self.handle.ownership();
         if ownership.paused {
             return;
@@ -404,33 +448,203 @@ impl Coordinator {
                 .filter_map(|tp| state.get(tp).and_then(|p| p.offsets.commit_due()).map(|o| (tp.clone(), o)))
                 .collect()
         };
-        self.commit(offsets).await;
+        self.commit(offsets, kafka).await;
     }
 
-    async fn commit(&self, offsets: BTreeMap<TopicPartition, i64>) {
-        if offsets.is_empty() {
+    /// Commits `offsets` to the stores `offsets_storage` names: ZooKeeper through the
+    /// registry, Kafka through the group coordinator (blocking, on its own thread, bounded by
+    /// `CLIENT_TIMEOUT`; with [`Kafka::Background`] on a task of its own, so the event loop
+    /// never waits for a broker). A store that fails never holds the other back; the partition
+    /// counts as committed once its primary store has it (ZooKeeper, or Kafka with `kafka`).
+    async fn commit(self: &Arc<Self>, offsets: BTreeMap<TopicPartition, i64>, kafka: Kafka) {
+        let storage = self.config.offsets_storage;
+        let kafka_retries = storage == OffsetsStorage::Dual
+            && !self.kafka_behind.lock().unwrap_or_else(PoisonError::into_inner).is_empty();
+        if offsets.is_empty() && !kafka_retries {
             return;
         }
-        match self.handle.offsets().commit(&offsets).await {
-            Ok(report) => {
-                tracing::debug!(component = %self.component, written = report.written, "committed offsets");
-                let mut state = lock(&self.state);
-                for (tp, offset) in &offsets {
-                    if let Some(part) = state.get_mut(tp) {
-                        part.offsets.committed_at(*offset);
-                    }
-                    self.metric_labels(tp, |l| {
-                        self.metrics.committed_offset.with_label_values(l).set(*offset)
-                    });
+        if storage.uses_zookeeper() && !offsets.is_empty() {
+            match self.handle.offsets().commit(&offsets).await {
+                Ok(report) => {
+                    tracing::debug!(component = %self.component, written = report.written, "committed offsets to ZooKeeper");
+                    self.committed(&offsets);
                 }
-                for (tp, offset) in &offsets {
-                    self.track_lag(tp, Some(*offset), None);
+                Err(e) => {
+                    tracing::warn!(component = %self.component, error = %e, "committing offsets to ZooKeeper failed; the next commit retries")
                 }
-            }
-            Err(e) => {
-                tracing::warn!(component = %self.component, error = %e, "committing offsets failed; the next commit retries")
             }
         }
+        if !storage.uses_kafka() {
+            return;
+        }
+        let this = self.clone();
+        let to_kafka = async move {
+            if this.commit_to_kafka(&offsets, kafka).await && storage == OffsetsStorage::Kafka {
+                this.committed(&offsets);
+            }
+        };
+        match kafka {
+            Kafka::Wait => to_kafka.await,
+            Kafka::Background => drop(tokio::spawn(to_kafka)),
+        }
+    }
+
+    /// `offsets` reached the group's primary store: the trackers and gauges of the partitions
+    /// still ours say so.
+    fn committed(&self, offsets: &BTreeMap<TopicPartition, i64>) {
+        let mut ours = Vec::with_capacity(offsets.len());
+        {
+            let mut state = lock(&self.state);
+            for (tp, offset) in offsets {
+                if let Some(part) = state.get_mut(tp) {
+                    part.offsets.committed_at(*offset);
+                    ours.push((tp, *offset));
+                }
+            }
+        }
+        for (tp, offset) in ours {
+            self.metric_labels(tp, |l| self.metrics.committed_offset.with_label_values(l).set(offset));
+            self.track_lag(tp, Some(offset), None);
+        }
+    }
+
+    /// Commits `offsets`, and with `dual` those whose last commit to Kafka failed, to the
+    /// group coordinator; whether it took them. One commit at a time: while one is under way
+    /// (maybe blocked past its timeout) a background commit gives up at once and a waiting
+    /// one waits for it, up to `CLIENT_TIMEOUT`. Failures are counted and logged, and with
+    /// `dual` kept for the next commit.
+    async fn commit_to_kafka(&self, offsets: &BTreeMap<TopicPartition, i64>, kafka: Kafka) -> bool {
+        let dual = self.config.offsets_storage == OffsetsStorage::Dual;
+        let turn = match kafka {
+            Kafka::Background => self.kafka_committing.clone().try_lock_owned().ok(),
+            Kafka::Wait => {
+                tokio::time::timeout(CLIENT_TIMEOUT, self.kafka_committing.clone().lock_owned()).await.ok()
+            }
+        };
+        let mut all = if dual {
+            let behind =
+                std::mem::take(&mut *self.kafka_behind.lock().unwrap_or_else(PoisonError::into_inner));
+            // Only partitions still ours: another task commits the rest now.
+            let state = lock(&self.state);
+            behind.into_iter().filter(|(tp, _)| state.get(tp).is_some()).collect()
+        } else {
+            BTreeMap::new()
+        };
+        all.extend(offsets.iter().map(|(tp, o)| (tp.clone(), *o)));
+        if all.is_empty() {
+            return true;
+        }
+        let result = match turn {
+            // The commit under way answers for the broker (its failure is counted); these
+            // offsets go with a later commit.
+            None => {
+                tracing::debug!(component = %self.component, "a commit to Kafka is still under way; these offsets go with a later one");
+                self.keep_behind(all);
+                return false;
+            }
+            Some(turn) => {
+                let consumer = self.consumer.clone();
+                let offsets = all.clone();
+                self.blocking("committing offsets to the group coordinator", move || {
+                    let result = group_offsets::commit(&*consumer, &offsets);
+                    drop(turn); // the next commit may start once librdkafka has answered
+                    result
+                })
+                .await
+            }
+        };
+        match result {
+            Ok(()) => {
+                tracing::debug!(component = %self.component, partitions = all.len(), "committed offsets to Kafka");
+                true
+            }
+            Err(e) => {
+                self.metrics
+                    .kafka_offset_failures
+                    .with_label_values(&[self.config.group_id.as_str(), "commit"])
+                    .inc();
+                tracing::warn!(component = %self.component, group = %self.config.group_id, error = %e, "committing offsets to Kafka failed; the next commit retries");
+                self.keep_behind(all);
+                false
+            }
+        }
+    }
+
+    /// With `dual`: offsets Kafka did not take, for the next commit (with `kafka` they are
+    /// still due).
+    fn keep_behind(&self, offsets: BTreeMap<TopicPartition, i64>) {
+        if self.config.offsets_storage != OffsetsStorage::Dual {
+            return;
+        }
+        let mut behind = self.kafka_behind.lock().unwrap_or_else(PoisonError::into_inner);
+        for (tp, offset) in offsets {
+            let kept = behind.entry(tp).or_insert(offset);
+            *kept = (*kept).max(offset);
+        }
+    }
+
+    /// Runs a blocking librdkafka call on tokio's blocking threads, waiting at most
+    /// `CLIENT_TIMEOUT` for it (it may go on after that; its result is then dropped).
+    async fn blocking<T: Send + 'static>(
+        &self,
+        context: &'static str,
+        call: impl FnOnce() -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let timed_out = || Error::TimedOut { context, after_ms: CLIENT_TIMEOUT.as_millis() as u64 };
+        match tokio::time::timeout(CLIENT_TIMEOUT, tokio::task::spawn_blocking(call)).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(Error::Client { context, source: KafkaError::Canceled }),
+            Err(_) => Err(timed_out()),
+        }
+    }
+
+    /// The group's offsets in Kafka for `partitions` (one request, bounded by
+    /// `CLIENT_TIMEOUT`); a failure is counted.
+    async fn kafka_committed(
+        &self,
+        partitions: Vec<TopicPartition>,
+    ) -> Result<BTreeMap<TopicPartition, Option<i64>>> {
+        let consumer = self.consumer.clone();
+        let read = self
+            .blocking("reading offsets from the group coordinator", move || {
+                group_offsets::committed(&*consumer, &partitions, CLIENT_TIMEOUT)
+            })
+            .await;
+        if read.is_err() {
+            self.metrics
+                .kafka_offset_failures
+                .with_label_values(&[self.config.group_id.as_str(), "fetch"])
+                .inc();
+        }
+        read
+    }
+
+    /// Where `tp` starts: [`group_offsets::start_position`] over the stores
+    /// `offsets_storage` names, with Kafka's offset from `in_kafka` when it was read for the
+    /// assignment. With `dual`, a coordinator that did not answer leaves ZooKeeper's offset
+    /// (counted and logged): a broker outage never keeps a partition idle that ZooKeeper can
+    /// start (Kafka's offset can only be ahead, so at most messages are delivered again). With
+    /// `kafka` the read is tried again (the caller retries a failure).
+    async fn start_position(
+        &self,
+        tp: &TopicPartition,
+        in_kafka: Option<&BTreeMap<TopicPartition, Option<i64>>>,
+    ) -> Result<StartPosition> {
+        let storage = self.config.offsets_storage;
+        let zookeeper = match storage.uses_zookeeper() {
+            true => Some(self.handle.offsets().start_position(tp).await?),
+            false => None,
+        };
+        let kafka = match (storage, in_kafka.and_then(|read| read.get(tp))) {
+            (OffsetsStorage::Zookeeper, _) => None,
+            (_, Some(read)) => *read,
+            // The read for the assignment failed: ZooKeeper's offset will do.
+            (OffsetsStorage::Dual, None) => None,
+            (OffsetsStorage::Kafka, None) => {
+                self.kafka_committed(vec![tp.clone()]).await?.get(tp).copied().flatten()
+            }
+        };
+        Ok(group_offsets::start_position(storage, zookeeper, kafka, self.config.auto_offset_reset))
     }
 
     /// Reads log-end offsets every commit interval until `cancel`.

@@ -186,6 +186,8 @@ impl KafkaSpout {
             drain_timeout,
             leave_timeout: message_timeout + Duration::from_secs(1),
             lag_windows: Mutex::new(HashMap::new()),
+            kafka_behind: Mutex::new(Default::default()),
+            kafka_committing: Arc::new(tokio::sync::Mutex::new(())),
         };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -196,6 +198,9 @@ impl KafkaSpout {
             .name(format!("kafka-spout-{task}"))
             .spawn(move || {
                 runtime.block_on(Arc::new(coordinator).run(member, events, requests_rx, stop));
+                // A librdkafka call that outlived its timeout (a broker away) must not hold
+                // the task's close: its thread finishes on its own.
+                runtime.shutdown_background();
                 let _ = done_tx.send(());
             })
             .map_err(|e| task_err(format!("starting the coordinator thread: {e}")))?;

@@ -37,6 +37,19 @@ impl MockKafka {
     pub fn bootstrap(&self) -> String {
         self.cluster.bootstrap_servers()
     }
+
+    /// The group coordinator refuses the next `n` offset commits (a non-retryable error, so
+    /// each commit call fails once), as a broker that lost its coordinator would.
+    pub fn refuse_offset_commits(&self, n: usize) {
+        use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+        let errors = vec![RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED; n];
+        self.cluster.request_errors(RDKafkaApiKey::OffsetCommit, &errors);
+    }
+
+    /// Offset commits are answered again.
+    pub fn accept_offset_commits(&self) {
+        self.cluster.clear_request_errors(rdkafka::types::RDKafkaApiKey::OffsetCommit);
+    }
 }
 
 /// Produces numbers `range` to `topic`: key and value are the decimal number, partition
@@ -110,6 +123,46 @@ pub fn read_records(
         }
     }
     out
+}
+
+/// A plain consumer of `group` (never joining it), to read and write the group's offsets in
+/// Kafka as Kafka's own tools do: an independent checker of the spout's commits.
+fn group_consumer(bootstrap: &str, group: &str) -> rdkafka::consumer::BaseConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap()
+}
+
+/// The offsets Kafka's group coordinator holds for `group` on partitions `0..partitions` of
+/// `topic` (`None`: nothing committed; a failed read is `None` too, for polling).
+pub fn kafka_committed(bootstrap: &str, group: &str, topic: &str, partitions: i32) -> Vec<Option<i64>> {
+    use rdkafka::consumer::Consumer;
+    let consumer = group_consumer(bootstrap, group);
+    let mut list = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        list.add_partition(topic, p);
+    }
+    let Ok(read) = consumer.committed_offsets(list, Duration::from_secs(10)) else {
+        return vec![None; partitions as usize];
+    };
+    (0..partitions)
+        .map(|p| match read.find_partition(topic, p)?.offset() {
+            rdkafka::Offset::Offset(o) => Some(o),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Commits `offset` for `group` on `topic`/`partition` in Kafka, as a plain consumer would.
+pub fn kafka_commit(bootstrap: &str, group: &str, topic: &str, partition: i32, offset: i64) {
+    use rdkafka::consumer::{CommitMode, Consumer};
+    let consumer = group_consumer(bootstrap, group);
+    let mut list = rdkafka::TopicPartitionList::new();
+    list.add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset)).unwrap();
+    consumer.commit(&list, CommitMode::Sync).unwrap();
 }
 
 /// A small runtime to read the registry from synchronous tests.
