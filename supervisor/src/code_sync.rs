@@ -265,11 +265,12 @@ fn verify(dir: &Path, topology: &TopologyId) -> Result<(), CodeError> {
         let modified = |reason: String| CodeError::Modified { topology: topology.clone(), file, reason };
         let recorded = match std::fs::read_to_string(checksum_path(&path)) {
             Ok(sum) => sum.trim().to_owned(),
-            // A topology without its own worker binary has neither file.
+            // A topology without its own worker binary has neither file; one submitted before
+            // topology secrets existed has no secret (its worker refuses to start and says so).
             Err(e)
                 if e.kind() == std::io::ErrorKind::NotFound
                     && !path.exists()
-                    && file == CodeFile::WorkerBinary =>
+                    && matches!(file, CodeFile::WorkerBinary | CodeFile::Secret) =>
             {
                 continue;
             }
