@@ -21,7 +21,7 @@ use kafka_spout::KafkaSpoutConfig;
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use crate::offsets::{Connection, ResetArgs, reset_group};
+use crate::offsets::{Connection, ReplayTo, ResetArgs, reset_group};
 use crate::ops::{ClientArgs, explain, resolve, runtime};
 
 /// `squall replay`.
@@ -38,18 +38,8 @@ pub struct ReplayCommand {
     /// Only this topic (default: every topic the group's spouts read).
     #[arg(long)]
     pub topic: Option<String>,
-    #[arg(long)]
-    pub to_earliest: bool,
-    #[arg(long, value_name = "N")]
-    pub to_offset: Option<i64>,
-    /// An ISO-8601 time, e.g. 2026-11-22T10:00:00Z (no zone: UTC): the first offset at or after it.
-    #[arg(long, value_name = "ISO")]
-    pub to_datetime: Option<String>,
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub shift_by: Option<i64>,
-    /// A snapshot taken with `squall offsets snapshot`.
-    #[arg(long, value_name = "NAME")]
-    pub from_snapshot: Option<String>,
+    #[command(flatten)]
+    pub to: ReplayTo,
     /// Print the plan only; the topology keeps running untouched.
     #[arg(long)]
     pub dry_run: bool,
@@ -132,13 +122,9 @@ impl ReplayCommand {
         ResetArgs {
             group: group.group.clone(),
             topic: topic.map(str::to_owned),
-            to_earliest: self.to_earliest,
+            to: self.to.clone(),
             to_latest: false,
-            to_offset: self.to_offset,
-            to_datetime: self.to_datetime.clone(),
-            shift_by: self.shift_by,
             from_file: None,
-            from_snapshot: self.from_snapshot.clone(),
             dry_run: !execute,
             execute,
             connection: Connection {
@@ -153,7 +139,7 @@ impl ReplayCommand {
 
     /// Resets `group` (every topic, or `--topic`; a snapshot resets what it holds).
     async fn reset(&self, group: &Group, execute: bool) -> Result<(), String> {
-        if self.from_snapshot.is_some() {
+        if self.to.from_snapshot.is_some() {
             return reset_group(self.reset_args(group, self.topic.as_deref(), execute)).await;
         }
         let topics: Vec<&str> = match &self.topic {

@@ -236,6 +236,42 @@ async fn flowing(session: &Session, id: &TopologyId, what: &str) -> Assignment {
     a
 }
 
+/// A Kafka copy topology: `<name>-in` -> kafka spout -> kafka bolt -> `<name>-out`, group
+/// `<name>`, one worker per spout task, fast commits and rebalances.
+struct KafkaCopy {
+    name: &'static str,
+    parallelism: u32,
+    pending: u32,
+    timeout_secs: Option<u64>,
+}
+
+/// Writes the [`KafkaCopy`] topology file into the cluster's dir; returns its path.
+fn kafka_copy_topology(cluster: &Cluster, broker: &tansu::Tansu, copy: KafkaCopy) -> PathBuf {
+    let KafkaCopy { name, parallelism, pending, timeout_secs } = copy;
+    let timeout = timeout_secs.map(|t| format!("  topology.message.timeout.secs: {t}\n")).unwrap_or_default();
+    let path = cluster.dir(&format!("{name}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "name: {name}\n\
+             config:\n  topology.workers: {parallelism}\n  topology.max.spout.pending: {pending}\n{timeout}\
+             spouts:\n  - id: kafka\n    className: kafka-spout\n    parallelism: {parallelism}\n    params:\n\
+             \x20     bootstrap_servers: \"{bootstrap}\"\n      topics: [{name}-in]\n      group_id: {name}\n\
+             \x20     auto_offset_reset: smallest\n      zookeeper_connect: \"{zk}\"\n\
+             \x20     offsets_commit_interval_ms: 200\n\
+             \x20     registry: {{zookeeper_session_timeout_ms: 4000, rebalance_backoff_ms: 200}}\n\
+             \x20     librdkafka: {{fetch.wait.max.ms: \"10\"}}\n\
+             bolts:\n  - id: out\n    className: kafka-bolt\n    parallelism: {parallelism}\n    params:\n\
+             \x20     bootstrap_servers: \"{bootstrap}\"\n      topic: {name}-out\n      key_field: key\n      value_field: value\n\
+             streams:\n  - from: kafka\n    to: out\n    grouping: {{type: SHUFFLE}}\n",
+            bootstrap = broker.bootstrap(),
+            zk = cluster.zookeeper,
+        ),
+    )
+    .unwrap();
+    path
+}
+
 /// The supervisor ids, by their first port.
 async fn supervisors(session: &Session, count: usize) -> BTreeMap<u16, SupervisorId> {
     eventually(Duration::from_secs(60), "the supervisors to register", || async {
@@ -673,26 +709,11 @@ async fn kafka_partitions_keep_flowing_when_a_supervisor_dies_with_its_workers()
     let sups = supervisors(&session, 2).await;
     let first = |ports: &[u16]| *ports.iter().min().unwrap();
     let (sup_a, sup_b) = (sups[&first(&ports[..4])].clone(), sups[&first(&ports[4..])].clone());
-    let topology = cluster.dir("ingest.yaml");
-    std::fs::write(
-        &topology,
-        format!(
-            "name: ingest\n\
-             config:\n  topology.workers: 4\n  topology.max.spout.pending: 500\n\
-             spouts:\n  - id: kafka\n    className: kafka-spout\n    parallelism: 4\n    params:\n\
-             \x20     bootstrap_servers: \"{bootstrap}\"\n      topics: [ingest-in]\n      group_id: ingest\n\
-             \x20     auto_offset_reset: smallest\n      zookeeper_connect: \"{zk}\"\n\
-             \x20     offsets_commit_interval_ms: 200\n\
-             \x20     registry: {{zookeeper_session_timeout_ms: 4000, rebalance_backoff_ms: 200}}\n\
-             \x20     librdkafka: {{fetch.wait.max.ms: \"10\"}}\n\
-             bolts:\n  - id: out\n    className: kafka-bolt\n    parallelism: 4\n    params:\n\
-             \x20     bootstrap_servers: \"{bootstrap}\"\n      topic: ingest-out\n      key_field: key\n      value_field: value\n\
-             streams:\n  - from: kafka\n    to: out\n    grouping: {{type: SHUFFLE}}\n",
-            bootstrap = broker.bootstrap(),
-            zk = cluster.zookeeper,
-        ),
-    )
-    .unwrap();
+    let topology = kafka_copy_topology(
+        &cluster,
+        &broker,
+        KafkaCopy { name: "ingest", parallelism: 4, pending: 500, timeout_secs: None },
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(Vec::new()));
     let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -783,26 +804,11 @@ async fn deactivate_reset_activate_and_squall_replay_deliver_every_message_again
     cluster.start_supervisor("sup-a", &[free_port(), free_port()]);
     let session = cluster.session().await;
     supervisors(&session, 1).await;
-    let topology = cluster.dir("replay.yaml");
-    std::fs::write(
-        &topology,
-        format!(
-            "name: replay\n\
-             config:\n  topology.workers: 2\n  topology.max.spout.pending: 200\n  topology.message.timeout.secs: 10\n\
-             spouts:\n  - id: kafka\n    className: kafka-spout\n    parallelism: 2\n    params:\n\
-             \x20     bootstrap_servers: \"{bootstrap}\"\n      topics: [replay-in]\n      group_id: replay\n\
-             \x20     auto_offset_reset: smallest\n      zookeeper_connect: \"{zk}\"\n\
-             \x20     offsets_commit_interval_ms: 200\n\
-             \x20     registry: {{zookeeper_session_timeout_ms: 4000, rebalance_backoff_ms: 200}}\n\
-             \x20     librdkafka: {{fetch.wait.max.ms: \"10\"}}\n\
-             bolts:\n  - id: out\n    className: kafka-bolt\n    parallelism: 2\n    params:\n\
-             \x20     bootstrap_servers: \"{bootstrap}\"\n      topic: replay-out\n      key_field: key\n      value_field: value\n\
-             streams:\n  - from: kafka\n    to: out\n    grouping: {{type: SHUFFLE}}\n",
-            bootstrap = broker.bootstrap(),
-            zk = cluster.zookeeper,
-        ),
-    )
-    .unwrap();
+    let topology = kafka_copy_topology(
+        &cluster,
+        &broker,
+        KafkaCopy { name: "replay", parallelism: 2, pending: 200, timeout_secs: Some(10) },
+    );
     let (produced, producing_stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
     let producing = traffic::produce_paced(
         broker.bootstrap(),

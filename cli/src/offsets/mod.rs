@@ -141,6 +141,24 @@ pub enum Output {
     Json,
 }
 
+/// Where the offsets go back to: the targets `squall offsets reset` and `squall replay` share
+/// (reset adds `--to-latest` and `--from-file`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ReplayTo {
+    #[arg(long)]
+    pub to_earliest: bool,
+    #[arg(long, value_name = "N")]
+    pub to_offset: Option<i64>,
+    /// An ISO-8601 time, e.g. 2026-11-22T10:00:00Z (no zone: UTC): the first offset at or after it.
+    #[arg(long, value_name = "ISO")]
+    pub to_datetime: Option<String>,
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub shift_by: Option<i64>,
+    /// A snapshot taken with `squall offsets snapshot`.
+    #[arg(long, value_name = "NAME")]
+    pub from_snapshot: Option<String>,
+}
+
 /// `squall offsets reset`.
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("to").required(true).args([
@@ -152,23 +170,13 @@ pub struct ResetArgs {
     /// The topic to reset (required except with --from-file / --from-snapshot, where it filters).
     #[arg(long)]
     pub topic: Option<String>,
-    #[arg(long)]
-    pub to_earliest: bool,
+    #[command(flatten)]
+    pub to: ReplayTo,
     #[arg(long)]
     pub to_latest: bool,
-    #[arg(long, value_name = "N")]
-    pub to_offset: Option<i64>,
-    /// An ISO-8601 time, e.g. 2026-11-22T10:00:00Z (no zone: UTC): the first offset at or after it.
-    #[arg(long, value_name = "ISO")]
-    pub to_datetime: Option<String>,
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub shift_by: Option<i64>,
     /// An ExportZkOffsets file.
     #[arg(long, value_name = "FILE")]
     pub from_file: Option<PathBuf>,
-    /// A snapshot taken with `squall offsets snapshot`.
-    #[arg(long, value_name = "NAME")]
-    pub from_snapshot: Option<String>,
     /// Only print the plan (the default).
     #[arg(long, conflicts_with = "execute")]
     pub dry_run: bool,

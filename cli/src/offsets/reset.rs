@@ -30,17 +30,17 @@ impl Target {
             let text =
                 std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
             Target::File(parse_export(&text, group, &path.display().to_string()).map_err(|e| e.to_string())?)
-        } else if let Some(name) = &args.from_snapshot {
+        } else if let Some(name) = &args.to.from_snapshot {
             Target::Snapshot(SnapshotName::new(name.as_str()).map_err(|e| format!("--from-snapshot: {e}"))?)
-        } else if args.to_earliest {
+        } else if args.to.to_earliest {
             Target::Earliest
         } else if args.to_latest {
             Target::Latest
-        } else if let Some(o) = args.to_offset {
+        } else if let Some(o) = args.to.to_offset {
             Target::Offset(o)
-        } else if let Some(n) = args.shift_by {
+        } else if let Some(n) = args.to.shift_by {
             Target::ShiftBy(n)
-        } else if let Some(iso) = &args.to_datetime {
+        } else if let Some(iso) = &args.to.to_datetime {
             Target::Time(parse_datetime(iso)?)
         } else {
             return Err("say where to reset to (--to-earliest, --to-latest, ...)".into());
