@@ -645,6 +645,35 @@ async fn prometheus_finds_every_process_and_every_dashboard_query_has_data() {
         .await;
     }
 
+    // Queries written for kafka_exporter and Burrow dashboards find Squall's group (nimbus
+    // evaluates every group under /consumers, issue 15).
+    for query in [
+        r#"sum by (topic) (kafka_consumergroup_lag{consumergroup="prom-group"})"#,
+        r#"kafka_consumergroup_members{consumergroup="prom-group"}"#,
+        r#"kafka_topic_partition_current_offset{topic="sentences"}"#,
+        r#"max by (topic) (burrow_kafka_consumer_partition_lag{consumer_group="prom-group"})"#,
+        r#"burrow_kafka_consumer_status{consumer_group="prom-group"}"#,
+    ] {
+        eventually(Duration::from_secs(90), &format!("kafka_exporter / Burrow query {query}"), || async {
+            let reply = prometheus_get(&prometheus, &format!("query?query={}", encode(query))).await?;
+            (reply["status"] == "success" && !reply["data"]["result"].as_array()?.is_empty()).then_some(())
+        })
+        .await;
+    }
+    // The deploy config keeps Prometheus' default `honor_labels: false`: no target label may
+    // clash with a series label, or Prometheus renames it `exported_*` (as `topology` was).
+    assert!(!deploy.contains("honor_labels"), "the test is about Prometheus' defaults");
+    let every = format!("series?match[]={}", encode(r#"{job="squall"}"#));
+    let series = prometheus_get(&prometheus, &every).await.unwrap();
+    let renamed: BTreeSet<String> = series["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s.as_object())
+        .flat_map(|labels| labels.keys().filter(|k| k.starts_with("exported_")).cloned().collect::<Vec<_>>())
+        .collect();
+    assert!(renamed.is_empty(), "labels renamed by Prometheus: {renamed:?}");
+
     // The dashboard's variables (`label_values(metric, label)`) have values to choose from.
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/squall-dashboard.json");
     let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
