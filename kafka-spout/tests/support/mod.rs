@@ -104,6 +104,22 @@ pub fn read_records(
     within: Duration,
     drain_idle_polls: u32,
 ) -> Vec<(String, u64)> {
+    read_timed_records(bootstrap, topic, partitions, expect, within, drain_idle_polls)
+        .into_iter()
+        .map(|(key, n, _)| (key, n))
+        .collect()
+}
+
+/// Like [`read_records`], with each record's timestamp (milliseconds since the epoch: when the
+/// producing bolt handed it to its producer).
+pub fn read_timed_records(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    expect: usize,
+    within: Duration,
+    drain_idle_polls: u32,
+) -> Vec<(String, u64, Option<i64>)> {
     let consumer = traffic::reader(bootstrap, topic, partitions);
     let mut out = Vec::new();
     let mut distinct = std::collections::BTreeSet::new();
@@ -116,7 +132,7 @@ pub fn read_records(
                 let key = String::from_utf8(m.key().unwrap_or_default().to_vec()).unwrap();
                 let n: u64 = std::str::from_utf8(m.payload().unwrap()).unwrap().parse().unwrap();
                 distinct.insert(n);
-                out.push((key, n));
+                out.push((key, n, m.timestamp().to_millis()));
             }
             _ if distinct.len() >= expect => idle_after_complete += 1,
             _ => {}
