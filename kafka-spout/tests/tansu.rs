@@ -338,11 +338,18 @@ fn child_log(spec: &str) -> Stdio {
 }
 
 fn start_child(spec: &str) -> Child {
+    // A child's log is kept only under SQUALL_E2E_LOG_DIR; there it is at info unless RUST_LOG says.
+    let level = match std::env::var("RUST_LOG") {
+        Ok(level) => level,
+        Err(_) if std::env::var_os("SQUALL_E2E_LOG_DIR").is_some() => "info".to_owned(),
+        Err(_) => String::new(),
+    };
     Command::new("setpriv")
         .args(["--pdeathsig", "KILL", "--"])
         .arg(std::env::current_exe().unwrap())
         .args(["--exact", "child_worker", "--nocapture", "--test-threads", "1"])
         .env("SQUALL_E2E_CHILD", spec)
+        .env("RUST_LOG", level)
         .stdin(Stdio::null())
         .stdout(child_log(spec))
         .spawn()
