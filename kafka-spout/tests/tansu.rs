@@ -527,25 +527,20 @@ fn a_worker_stopped_past_its_session_emits_nothing_it_no_longer_owns() {
     // timestamp is taken when the bolt produced it, after the emission). A duplicate alone is
     // not: a handed-off partition restarts from its committed offset, which stays below a
     // failed message awaiting its replay (at-least-once).
-    let owner_at = |wall: i64, before: bool| -> Option<String> {
+    // The owner-node sample last taken at or before `wall` (`before`), or first at or after it.
+    let sample_at = |wall: i64, before: bool| -> Option<&BTreeMap<i32, String>> {
         let sample = if before {
             samples.iter().rev().find(|(_, at, _)| *at <= wall)
         } else {
             samples.iter().find(|(_, at, _)| *at >= wall)
         };
-        sample.map(|(_, _, owners)| owners.clone()).map(|o| format!("{o:?}"))
+        sample.map(|(_, _, owners)| owners)
     };
-    let b_owned = |wall: i64, partition: i32| -> bool {
-        let owner = |before: bool| {
-            let sample = if before {
-                samples.iter().rev().find(|(_, at, _)| *at <= wall)
-            } else {
-                samples.iter().find(|(_, at, _)| *at >= wall)
-            };
-            sample.and_then(|(_, _, owners)| owners.get(&partition).cloned())
-        };
-        owner(true).is_some_and(|o| o.starts_with("pauseB"))
-            && owner(false).is_some_and(|o| o.starts_with("pauseB"))
+    let owner_at = |wall: i64, before: bool| sample_at(wall, before).map(|o| format!("{o:?}"));
+    let b_owned = |wall: i64, partition: i32| {
+        [true, false].into_iter().all(|before| {
+            sample_at(wall, before).and_then(|o| o.get(&partition)).is_some_and(|o| o.starts_with("pauseB"))
+        })
     };
     for (rep, pause) in pauses.iter().enumerate() {
         let mut second_owner = Vec::new();

@@ -60,7 +60,11 @@ struct Cluster {
 
 impl Cluster {
     async fn new(test: &str) -> Self {
-        let connect = ZkServer::shared().chroot(test).await;
+        Cluster::on(ZkServer::shared().chroot(test).await).await
+    }
+
+    /// A cluster on the ZooKeeper at `connect` (a private server the test may stop).
+    async fn on(connect: String) -> Self {
         let session = Ensemble::zookeeper(connect.clone()).connect(&SessionOptions::default()).await.unwrap();
         let id = TopologyId::new(&TopologyName::new("wc").unwrap(), 1, 1_700_000_000);
         Cluster {
@@ -720,17 +724,7 @@ async fn megabyte_messages_cross_between_two_workers_and_are_acked() {
 async fn a_worker_exits_promptly_while_zookeeper_is_down() {
     // Its session close used to wait for the server's confirmation up to the session timeout.
     let mut zk = ZkServer::start();
-    let connect = zk.connect_string();
-    let session = Ensemble::zookeeper(connect.clone()).connect(&SessionOptions::default()).await.unwrap();
-    let id = TopologyId::new(&TopologyName::new("wc").unwrap(), 1, 1_700_000_000);
-    let c = Cluster {
-        connect,
-        session,
-        paths: StormPaths::default(),
-        id,
-        dir: tempfile::tempdir().unwrap(),
-        secret: TopologySecret::generate(),
-    };
+    let c = Cluster::on(zk.connect_string()).await;
     let slot = WorkerSlot { node: SupervisorId::new("sup-1").unwrap(), port: free_port() };
     c.submit(&wordcount(1), std::slice::from_ref(&slot)).await;
     let (token, handle) = c.start(wordcount(1), &slot, "worker-a");
