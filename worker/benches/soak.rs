@@ -8,6 +8,12 @@
 //! Prints the process's descriptors, threads and RSS at baseline and after, B's transport
 //! counters, and words counted per second before vs. during the abuse. Not a timed test.
 //!
+//! On a machine with two or more CPUs the workers (every thread they start inherits the main
+//! thread's affinity) run on CPU 0 and the attackers on the others, before and during alike, so
+//! "during" measures what the defences cost the worker, not the CPU the attackers take from it.
+//! The workers' own CPU time (per-thread `schedstat`, nanoseconds; the attackers' threads are
+//! left out by name) gives words per worker CPU-second too. `SQUALL_SOAK_PIN=0` turns pinning off.
+//!
 //! `SQUALL_SOAK_SECS=<n> cargo bench -p worker --bench soak` (default 600: ten minutes);
 //! `SQUALL_SOAK_BASELINE_SECS` (default 20) sets the quiet measurement before.
 
@@ -50,6 +56,31 @@ fn resources() -> (usize, u64, u64) {
             .unwrap_or(0)
     };
     (fds, field("Threads:"), field("VmRSS:") / 1024)
+}
+
+/// Name of the attackers' threads, left out of the workers' CPU time.
+const ATTACKER: &str = "soak-attacker";
+
+/// Pins the calling thread to `cpus`; threads it starts afterwards inherit the mask.
+fn pin_to(cpus: impl IntoIterator<Item = usize>) -> Result<(), Error> {
+    let mut set = rustix::thread::CpuSet::new();
+    for cpu in cpus {
+        set.set(cpu);
+    }
+    rustix::thread::sched_setaffinity(None, &set).map_err(|e| format!("sched_setaffinity: {e}"))?;
+    Ok(())
+}
+
+/// CPU time (ns, from `/proc/self/task/*/schedstat`) of this process's threads that are not
+/// attackers: the workers' cost, counted to the nanosecond rather than in 10 ms ticks.
+fn worker_cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
+    tasks
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() != ATTACKER))
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()))
+        .sum()
 }
 
 fn print_resources(when: &str) {
@@ -109,15 +140,26 @@ fn start_workers(secret: &TopologySecret) -> Result<(StaticWorker, StaticWorker,
     Ok((a, b, id))
 }
 
+/// The load average, so a reader sees whether anything else ran beside the bench.
+fn print_load(when: &str) {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("load average at {when}: {}", load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+}
+
 fn counted(b: &StaticWorker) -> u64 {
     b.runtime.component_stats("count").iter().map(|s| s.acked.load(Ordering::Relaxed)).sum()
 }
 
-/// Words per second counted by `b` over `secs`.
-fn rate_over(b: &StaticWorker, secs: u64) -> f64 {
-    let (n0, t0) = (counted(b), Instant::now());
+/// Words per second counted by `b` over `secs`, and words per CPU-second of the workers'
+/// threads. A thread that ended during the window takes its CPU time with it: none of the
+/// workers' threads do here (the attackers' connections are refused or closed, never given
+/// threads of their own beyond the handshake, which the count includes while they live).
+fn rate_over(b: &StaticWorker, secs: u64) -> (f64, f64) {
+    let (n0, t0, c0) = (counted(b), Instant::now(), worker_cpu_ns());
     std::thread::sleep(Duration::from_secs(secs));
-    (counted(b) - n0) as f64 / t0.elapsed().as_secs_f64()
+    let words = (counted(b) - n0) as f64;
+    let cpu = worker_cpu_ns().saturating_sub(c0) as f64 / 1e9;
+    (words / t0.elapsed().as_secs_f64(), words / cpu.max(1e-9))
 }
 
 /// Runs the three abusers against `addr` until `stop`; counts their rounds.
@@ -127,15 +169,22 @@ fn abuse(
     secret: &TopologySecret,
     stop: &Arc<AtomicBool>,
 ) -> Vec<std::thread::JoinHandle<u64>> {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let rounds = |f: Box<dyn Fn() + Send>, stop: Arc<AtomicBool>| {
-        std::thread::spawn(move || {
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
-                f();
-                n += 1;
-            }
-            n
-        })
+        std::thread::Builder::new()
+            .name(ATTACKER.to_owned())
+            .spawn(move || {
+                if pinned() && cpus > 1 && pin_to(1..cpus).is_err() {
+                    eprintln!("could not pin an attacker; it shares every CPU");
+                }
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    f();
+                    n += 1;
+                }
+                n
+            })
+            .expect("spawn an attacker thread")
     };
     let (id1, secret1) = (id.to_string(), secret.clone());
     let cycles = Box::new(move || {
@@ -169,25 +218,42 @@ fn abuse(
     vec![rounds(cycles, stop.clone()), rounds(idle, stop.clone()), rounds(forged, stop.clone())]
 }
 
+fn pinned() -> bool {
+    std::env::var("SQUALL_SOAK_PIN").map_or(true, |v| v != "0")
+}
+
 fn main() -> Result<(), Error> {
     let soak_secs = secs_from_env("SQUALL_SOAK_SECS", 600);
     let baseline_secs = secs_from_env("SQUALL_SOAK_BASELINE_SECS", 20);
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    if pinned() && cpus > 1 {
+        pin_to([0])?;
+        println!("workers pinned to CPU 0, attackers to CPUs 1-{}", cpus - 1);
+    } else {
+        println!("not pinned: workers and attackers share {cpus} CPU(s)");
+    }
+    print_load("start");
     let secret = TopologySecret::generate();
     let (a, b, id) = start_workers(&secret)?;
     // Warm up, then the quiet baseline.
     std::thread::sleep(Duration::from_secs(3));
     print_resources("baseline");
-    let before = rate_over(&b, baseline_secs);
-    println!("words/s before: {before:.0} (over {baseline_secs} s)");
+    let (before, before_cpu) = rate_over(&b, baseline_secs);
+    println!("words/s before: {before:.0} (over {baseline_secs} s), {before_cpu:.0} per worker CPU-s");
     let stop = Arc::new(AtomicBool::new(false));
     let abusers = abuse(b.local_addr(), &id, &secret, &stop);
-    let during = rate_over(&b, soak_secs);
+    let (during, during_cpu) = rate_over(&b, soak_secs);
     let (fds, threads, rss) = resources();
     println!("   during: {fds} descriptors, {threads} threads, {rss} MiB RSS (attackers' sockets included)");
     println!(
         "words/s during: {during:.0} (over {soak_secs} s), {:.0}% of before",
         100.0 * during / before.max(1.0)
     );
+    println!(
+        "words per worker CPU-s during: {during_cpu:.0}, {:.0}% of before",
+        100.0 * during_cpu / before_cpu.max(1.0)
+    );
+    print_load("end");
     stop.store(true, Ordering::Relaxed);
     let rounds: Vec<u64> = abusers.into_iter().map(|h| h.join().unwrap_or(0)).collect();
     println!(
@@ -209,8 +275,8 @@ fn main() -> Result<(), Error> {
         t.connections_refused.load(Ordering::Relaxed),
         t.accept_errors.load(Ordering::Relaxed),
     );
-    let after = rate_over(&b, baseline_secs.min(10));
-    println!("words/s after: {after:.0}");
+    let (after, after_cpu) = rate_over(&b, baseline_secs.min(10));
+    println!("words/s after: {after:.0}, {after_cpu:.0} per worker CPU-s");
     a.shutdown(Duration::from_secs(2));
     b.shutdown(Duration::from_secs(2));
     Ok(())

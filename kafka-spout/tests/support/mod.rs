@@ -78,7 +78,7 @@ pub fn produce(bootstrap: &str, topic: &str, partitions: i32, range: std::ops::R
             }
         }
     }
-    producer.flush(Duration::from_secs(30)).unwrap();
+    traffic::flush_all(&producer, bootstrap);
 }
 
 /// Every value in `topic` (all partitions from the start), as numbers, once `expect` distinct

@@ -56,8 +56,23 @@ pub fn produce_paced(
             }
             producer.poll(Duration::from_millis(5));
         }
-        producer.flush(Duration::from_secs(30)).unwrap();
+        flush_all(&producer, &bootstrap);
     })
+}
+
+/// Waits until every record handed to `producer` is acknowledged by the broker, for up to two
+/// minutes: a loaded machine (a CI run beside compilers) can hold one flush past 30 s although
+/// nothing is lost. Panics naming how many records are still unacknowledged.
+pub fn flush_all(producer: &BaseProducer, bootstrap: &str) {
+    let started = Instant::now();
+    while producer.flush(Duration::from_secs(10)).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{} records to {bootstrap} still unacknowledged after {:?}",
+            producer.in_flight_count(),
+            started.elapsed()
+        );
+    }
 }
 
 /// Every number arriving in `topic` (all partitions, from the start) with when it arrived,

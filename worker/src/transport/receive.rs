@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cluster_state::ids::TaskId;
 use crossbeam_channel::Sender;
@@ -21,6 +21,50 @@ use crate::executor::StreamTable;
 /// to [`ACCEPT_BACKOFF_MAX`]: retrying at once would spin a core while nothing can change.
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Warnings about closed inbound connections allowed per [`LOG_WINDOW`]; the rest are counted
+/// and summed up in one line, written before the next window's first warning. A port under attack sees hundreds of failed handshakes a second,
+/// and a line for each would flood the log (the counters keep the exact figures).
+const LOG_BUDGET: u32 = 10;
+const LOG_WINDOW: Duration = Duration::from_secs(10);
+
+/// How many warnings may still be written in the current window.
+#[derive(Debug)]
+struct LogBudget {
+    window_start: Instant,
+    written: u32,
+    suppressed: u64,
+}
+
+/// What to do with one more warning.
+#[derive(Debug, PartialEq, Eq)]
+enum LogVerdict {
+    /// Write it, after a summary of the `previous_suppressed` warnings of the window before.
+    Write { previous_suppressed: u64 },
+    /// Count it only.
+    Suppress,
+}
+
+impl LogBudget {
+    fn new(now: Instant) -> Self {
+        LogBudget { window_start: now, written: 0, suppressed: 0 }
+    }
+
+    fn take(&mut self, now: Instant) -> LogVerdict {
+        let mut previous_suppressed = 0;
+        if now.saturating_duration_since(self.window_start) >= LOG_WINDOW {
+            previous_suppressed = std::mem::take(&mut self.suppressed);
+            *self = LogBudget { window_start: now, written: 0, suppressed: 0 };
+        }
+        if self.written < LOG_BUDGET {
+            self.written += 1;
+            LogVerdict::Write { previous_suppressed }
+        } else {
+            self.suppressed += 1;
+            LogVerdict::Suppress
+        }
+    }
+}
 
 /// Where received envelopes go: the inbox of each local task.
 pub(crate) type Dispatch = Arc<BTreeMap<TaskId, Sender<Batch>>>;
@@ -154,6 +198,7 @@ impl Drop for PeerReceiver {
 fn accept_loop(listener: &TcpListener, stop: &AtomicBool, conns: &Arc<Conns>, setup: &ReceiverSetup) {
     let mut backoff = ACCEPT_BACKOFF_MIN;
     let mut next_id = 0u64;
+    let budget = Arc::new(Mutex::new(LogBudget::new(Instant::now())));
     for stream in listener.incoming() {
         if stop.load(Ordering::Relaxed) {
             return;
@@ -194,6 +239,7 @@ fn accept_loop(listener: &TcpListener, stop: &AtomicBool, conns: &Arc<Conns>, se
         }
         let guard = ConnGuard { conns: conns.clone(), id, stats: setup.stats.clone() };
         let setup = setup.clone();
+        let budget = budget.clone();
         let spawned = std::thread::Builder::new().name(format!("recv-{peer}")).spawn(move || {
             let _guard = guard;
             let closer = stream.try_clone();
@@ -201,7 +247,18 @@ fn accept_loop(listener: &TcpListener, stop: &AtomicBool, conns: &Arc<Conns>, se
                 if matches!(e, Error::Handshake { .. }) {
                     setup.stats.handshakes_failed.fetch_add(1, Ordering::Relaxed);
                 }
-                tracing::warn!(%peer, error = %e, "peer connection closed");
+                let verdict =
+                    budget.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take(Instant::now());
+                if let LogVerdict::Write { previous_suppressed } = verdict {
+                    if previous_suppressed > 0 {
+                        tracing::warn!(
+                            count = previous_suppressed,
+                            "more peer connections were closed in the last window without a line each \
+                             (see squall_worker_transport_handshakes_failed_total)"
+                        );
+                    }
+                    tracing::warn!(%peer, error = %e, "peer connection closed");
+                }
                 // The peer must see the close, not write into a socket no one reads.
                 if let Ok(c) = closer {
                     let _ = c.shutdown(Shutdown::Both);
@@ -258,4 +315,27 @@ fn receive_loop(stream: TcpStream, peer: &str, setup: &ReceiverSetup) -> Result<
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warnings_beyond_the_budget_are_counted_and_summed_up_in_the_next_window() {
+        let t0 = Instant::now();
+        let mut budget = LogBudget::new(t0);
+        for _ in 0..LOG_BUDGET {
+            assert_eq!(budget.take(t0), LogVerdict::Write { previous_suppressed: 0 });
+        }
+        for i in 0..500 {
+            assert_eq!(budget.take(t0 + Duration::from_millis(i)), LogVerdict::Suppress);
+        }
+        // Inside the window still: suppressed.
+        assert_eq!(budget.take(t0 + LOG_WINDOW - Duration::from_millis(1)), LogVerdict::Suppress);
+        // The next window writes again, naming what the last one left out, once.
+        let t1 = t0 + LOG_WINDOW;
+        assert_eq!(budget.take(t1), LogVerdict::Write { previous_suppressed: 501 });
+        assert_eq!(budget.take(t1), LogVerdict::Write { previous_suppressed: 0 });
+    }
 }
