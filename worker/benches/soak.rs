@@ -168,23 +168,20 @@ fn abuse(
     id: &TopologyId,
     secret: &TopologySecret,
     stop: &Arc<AtomicBool>,
-) -> Vec<std::thread::JoinHandle<u64>> {
+) -> Result<Vec<std::thread::JoinHandle<u64>>, Error> {
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let rounds = |f: Box<dyn Fn() + Send>, stop: Arc<AtomicBool>| {
-        std::thread::Builder::new()
-            .name(ATTACKER.to_owned())
-            .spawn(move || {
-                if pinned() && cpus > 1 && pin_to(1..cpus).is_err() {
-                    eprintln!("could not pin an attacker; it shares every CPU");
-                }
-                let mut n = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    f();
-                    n += 1;
-                }
-                n
-            })
-            .expect("spawn an attacker thread")
+        std::thread::Builder::new().name(ATTACKER.to_owned()).spawn(move || {
+            if pinned() && cpus > 1 && pin_to(1..cpus).is_err() {
+                eprintln!("could not pin an attacker; it shares every CPU");
+            }
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                f();
+                n += 1;
+            }
+            n
+        })
     };
     let (id1, secret1) = (id.to_string(), secret.clone());
     let cycles = Box::new(move || {
@@ -215,7 +212,7 @@ fn abuse(
             drop(connect_as_peer(addr, &id2, &wrong));
         }
     });
-    vec![rounds(cycles, stop.clone()), rounds(idle, stop.clone()), rounds(forged, stop.clone())]
+    Ok(vec![rounds(cycles, stop.clone())?, rounds(idle, stop.clone())?, rounds(forged, stop.clone())?])
 }
 
 fn pinned() -> bool {
@@ -241,7 +238,7 @@ fn main() -> Result<(), Error> {
     let (before, before_cpu) = rate_over(&b, baseline_secs);
     println!("words/s before: {before:.0} (over {baseline_secs} s), {before_cpu:.0} per worker CPU-s");
     let stop = Arc::new(AtomicBool::new(false));
-    let abusers = abuse(b.local_addr(), &id, &secret, &stop);
+    let abusers = abuse(b.local_addr(), &id, &secret, &stop)?;
     let (during, during_cpu) = rate_over(&b, soak_secs);
     let (fds, threads, rss) = resources();
     println!("   during: {fds} descriptors, {threads} threads, {rss} MiB RSS (attackers' sockets included)");
