@@ -23,6 +23,7 @@ use cluster_state::paths::StormPaths;
 use cluster_state::znode::{Assignment, SupervisorInfo, WorkerHeartbeat};
 use test_harness::ZkServer;
 use test_harness::eventually;
+use test_harness::prometheus::{Prometheus, encode};
 
 const SQUALL: &str = env!("CARGO_BIN_EXE_squall");
 
@@ -489,33 +490,6 @@ async fn squall_summary(nimbus: &str) -> Option<ClusterSummary> {
     cluster_state::api::decode_response(body.as_bytes()).ok()
 }
 
-/// The root of Prometheus's own HTTP API (the same prefix as nimbus's, which is Storm UI's; the
-/// one spelling `cluster-state/tests/api_paths.rs` allows outside cluster-state).
-const PROMETHEUS_API: &str = "/api/v1";
-
-/// Prometheus's HTTP API: `GET <PROMETHEUS_API>/path` -> JSON.
-async fn prometheus_get(address: &str, path: &str) -> Option<serde_json::Value> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
-    let request = format!("GET {PROMETHEUS_API}/{path} HTTP/1.0\r\nHost: {address}\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.ok()?;
-    let body = text.split_once("\r\n\r\n")?.1;
-    serde_json::from_str(body).ok()
-}
-
-/// Percent-encodes a query for a URL.
-fn encode(query: &str) -> String {
-    query
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// Every `expr` of the dashboard's panels, with its variables given values that select all.
 fn dashboard_queries() -> Vec<(String, String)> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/squall-dashboard.json");
@@ -610,22 +584,11 @@ async fn prometheus_finds_every_process_and_every_dashboard_query_has_data() {
         .replace("scrape_interval: 15s", "scrape_interval: 1s")
         .replace("refresh_interval: 30s", "refresh_interval: 1s");
     assert_ne!(config, deploy, "the deploy config has the keys the test adjusts");
-    std::fs::write(cluster.dir("prometheus.yml"), config).unwrap();
-    let prometheus = format!("127.0.0.1:{}", free_port());
-    let log = std::fs::File::create(cluster.dir("prometheus.log")).unwrap();
-    let child = Command::new("prometheus")
-        .arg(format!("--config.file={}", cluster.dir("prometheus.yml").display()))
-        .arg(format!("--storage.tsdb.path={}", cluster.dir("prometheus-data").display()))
-        .arg(format!("--web.listen-address={prometheus}"))
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("prometheus runs (Debian's prometheus package; .ci/run installs it)");
-    cluster.children.push(child);
+    let prometheus = Prometheus::start(&cluster.dir(""), &config).unwrap();
 
     // Discovery: nimbus, two supervisors and two workers, all scraped and up.
     let targets = eventually(Duration::from_secs(90), "Prometheus to scrape 5 targets, all up", || async {
-        let reply = prometheus_get(&prometheus, "targets?state=active").await?;
+        let reply = prometheus.get("targets?state=active")?;
         let active = reply["data"]["activeTargets"].as_array()?.clone();
         let up = active.iter().filter(|t| t["health"] == "up").count();
         (active.len() == 5 && up == 5).then_some(active)
@@ -638,7 +601,7 @@ async fn prometheus_finds_every_process_and_every_dashboard_query_has_data() {
     // Every query of every dashboard panel returns at least one series.
     for (panel, query) in dashboard_queries() {
         eventually(Duration::from_secs(90), &format!("panel {panel:?}: {query}"), || async {
-            let reply = prometheus_get(&prometheus, &format!("query?query={}", encode(&query))).await?;
+            let reply = prometheus.get(&format!("query?query={}", encode(&query)))?;
             let series = reply["data"]["result"].as_array()?.len();
             (reply["status"] == "success" && series > 0).then_some(())
         })
@@ -655,7 +618,7 @@ async fn prometheus_finds_every_process_and_every_dashboard_query_has_data() {
         r#"burrow_kafka_consumer_status{consumer_group="prom-group"}"#,
     ] {
         eventually(Duration::from_secs(90), &format!("kafka_exporter / Burrow query {query}"), || async {
-            let reply = prometheus_get(&prometheus, &format!("query?query={}", encode(query))).await?;
+            let reply = prometheus.get(&format!("query?query={}", encode(query)))?;
             (reply["status"] == "success" && !reply["data"]["result"].as_array()?.is_empty()).then_some(())
         })
         .await;
@@ -664,7 +627,7 @@ async fn prometheus_finds_every_process_and_every_dashboard_query_has_data() {
     // clash with a series label, or Prometheus renames it `exported_*` (as `topology` was).
     assert!(!deploy.contains("honor_labels"), "the test is about Prometheus' defaults");
     let every = format!("series?match[]={}", encode(r#"{job="squall"}"#));
-    let series = prometheus_get(&prometheus, &every).await.unwrap();
+    let series = prometheus.get(&every).unwrap();
     let renamed: BTreeSet<String> = series["data"]
         .as_array()
         .unwrap()
@@ -683,7 +646,7 @@ async fn prometheus_finds_every_process_and_every_dashboard_query_has_data() {
         let (metric, label) = inner.split_once(", ").unwrap();
         let path = format!("label/{label}/values?match[]={}", encode(metric));
         eventually(Duration::from_secs(60), &format!("values of variable {}", variable["name"]), || async {
-            let reply = prometheus_get(&prometheus, &path).await?;
+            let reply = prometheus.get(&path)?;
             (!reply["data"].as_array()?.is_empty()).then_some(())
         })
         .await;

@@ -18,6 +18,7 @@ use prometheus::Registry;
 use rdkafka::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
+use test_harness::prometheus::Prometheus;
 use test_harness::{ZkServer, eventually, eventually_true};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -266,4 +267,120 @@ async fn nimbus_serves_group_lag_on_metrics_that_promtool_accepts() {
 
     shutdown.cancel();
     nimbus.await.unwrap().unwrap();
+}
+
+/// The lag story as an operator's Prometheus sees it: nimbus (as `squall nimbus` runs it) is
+/// scraped by a real Prometheus while a scripted group keeps up (OK), stops while the log
+/// grows (STOP), commits without moving (STALL) and goes back (REWIND). Prometheus's stored
+/// series shows the four states in that order, and the series stays while no topology runs
+/// (none ever does here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_records_ok_stop_stall_rewind_from_nimbus() {
+    let kafka = kafka();
+    let bootstrap = kafka.bootstrap_servers();
+    let connect = ZkServer::shared().chroot("lag_prometheus").await;
+    let ensemble = Ensemble::zookeeper(connect);
+    let group = Arc::new(ensemble.connect(&SessionOptions::default()).await.unwrap());
+    join_group(&group).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = NimbusConfig {
+        local_dir: dir.path().join("nimbus"),
+        lag_interval_secs: 1,
+        lag_intervals: 3,
+        lag_bootstrap_servers: Some(bootstrap.clone()),
+        ..Default::default()
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let registry = Registry::new();
+    let nimbus = tokio::spawn({
+        let (shutdown, registry) = (shutdown.clone(), registry.clone());
+        async move { nimbus::serve(config, listener, ensemble, &registry, shutdown).await }
+    });
+    let prometheus = Prometheus::start(
+        dir.path(),
+        &format!(
+            "global: {{scrape_interval: 250ms, scrape_timeout: 200ms}}\n\
+             scrape_configs:\n  - job_name: nimbus\n    static_configs: [{{targets: ['{addr}']}}]\n"
+        ),
+    )
+    .unwrap();
+    let started = now_secs();
+    let status_query = r#"squall_group_partition_lag_status{group="g",topic="clicks",partition="0"}"#;
+    // Waits until Prometheus stores a value of `query` that `good` accepts.
+    let scraped = |query: &'static str, good: fn(f64) -> bool| {
+        let prometheus = &prometheus;
+        move || {
+            let value = prometheus.query_one(query).filter(|v| good(*v));
+            async move { value }
+        }
+    };
+
+    // Keeping up, then stopped while the log grows.
+    let mut end = 0;
+    for _ in 0..3 {
+        produce(&bootstrap, 10);
+        end += 10;
+        commit(&group, end).await;
+        next_pass(&registry).await;
+    }
+    eventually_true(WITHIN, "Prometheus to store OK", || async {
+        prometheus.query_one(status_query) == Some(OK)
+    })
+    .await;
+    produce(&bootstrap, 435);
+    eventually_true(WITHIN, "STOP while the log grows", || async {
+        partition_status(&registry) == Some(STOP)
+    })
+    .await;
+    // kafka_exporter's and Burrow's names, as their dashboards query them.
+    let lag = eventually(
+        WITHIN,
+        "kafka_consumergroup_lag in Prometheus",
+        scraped(r#"sum(kafka_consumergroup_lag{consumergroup="g"})"#, |v| v >= 435.0),
+    )
+    .await;
+    assert!(lag >= 435.0, "{lag}");
+    let burrow = eventually(
+        WITHIN,
+        "burrow_kafka_consumer_status in Prometheus",
+        scraped(r#"burrow_kafka_consumer_status{consumer_group="g"}"#, |v| v >= 2.0),
+    )
+    .await;
+    assert_eq!(burrow, 3.0, "Burrow's group status while stopped (ERR)");
+    commit_until(&group, &registry, std::iter::repeat(end), STALL).await;
+    commit_until(&group, &registry, 5.., REWIND).await;
+    let rewound = now_secs();
+
+    // Prometheus has every state, in order, and nothing after the rewind took the series away.
+    let states = eventually(WITHIN, "Prometheus to hold the whole story", || async {
+        let samples =
+            prometheus.query_range_one(status_query, started, now_secs(), Duration::from_millis(125))?;
+        let mut states: Vec<f64> = samples.iter().map(|(_, v)| *v).collect();
+        states.dedup();
+        let story = [OK, STOP, STALL, REWIND];
+        let mut wanted = story.iter().peekable();
+        for s in &states {
+            if wanted.peek() == Some(&s) {
+                wanted.next();
+            }
+        }
+        let last = samples.last().map_or(0.0, |(t, _)| *t);
+        (wanted.peek().is_none() && last >= rewound + 2.0).then_some(states)
+    })
+    .await;
+    assert!(!states.contains(&0.0), "NOTFOUND while the group existed: {states:?}");
+    assert!(
+        prometheus.query_one(r#"kafka_consumergroup_members{consumergroup="g"}"#).is_some(),
+        "the group's series are gone from Prometheus"
+    );
+    drop(prometheus);
+    shutdown.cancel();
+    nimbus.await.unwrap().unwrap();
+}
+
+fn now_secs() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()
 }
