@@ -384,3 +384,86 @@ async fn prometheus_records_ok_stop_stall_rewind_from_nimbus() {
 fn now_secs() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()
 }
+
+/// A group whose spout says `offsets_storage: kafka` commits to its group coordinator only:
+/// nimbus reads its offsets from there (ZooKeeper's stale offset is ignored), judges it with
+/// the same rules, and keeps its series after the topology's file is gone while the group is
+/// still in ZooKeeper.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_stored_in_kafka_is_judged_on_the_coordinators_offsets() {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    let kafka = kafka();
+    let bootstrap = kafka.bootstrap_servers();
+    let session = session("lag_kafka_storage").await;
+    join_group(&session).await;
+    // Left behind by the group's ZooKeeper days: must not count.
+    commit(&session, 1).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let code = nimbus::code_store::CodeStore::open(dir.path(), Default::default()).await.unwrap();
+    let id: cluster_state::ids::TopologyId = "clicks-1-1".parse().unwrap();
+    std::fs::create_dir_all(code.topology_dir(&id)).unwrap();
+    std::fs::write(
+        code.topology_dir(&id).join("topology.yaml"),
+        format!(
+            "name: clicks\nspouts:\n  - id: kafka\n    className: kafka-spout\n    params:\n      \
+             bootstrap_servers: \"{bootstrap}\"\n      topics: [clicks]\n      group_id: g\n      \
+             offsets_storage: kafka\n"
+        ),
+    )
+    .unwrap();
+    let registry = Registry::new();
+    let settings = LagSettings {
+        interval: Duration::from_millis(200),
+        intervals: 3,
+        rules: Rules::default(),
+        bootstrap_servers: None,
+        kafka_timeout: Duration::from_millis(1000),
+    };
+    let metrics = LagMetrics::register(&registry, "local").unwrap();
+    let monitor =
+        LagMonitor::new(session.clone(), KafkaPaths::default(), settings, Some(code.clone()), metrics);
+    let cancel = CancellationToken::new();
+    tokio::spawn(monitor.run(cancel.clone()));
+
+    let coordinator: BaseConsumer =
+        ClientConfig::new().set("bootstrap.servers", &bootstrap).set("group.id", "g").create().unwrap();
+    let commit_in_kafka = |offset: i64| {
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        tpl.add_partition_offset("clicks", 0, rdkafka::Offset::Offset(offset)).unwrap();
+        coordinator.commit(&tpl, CommitMode::Sync).unwrap();
+    };
+    let lag = || gauge(&registry, "kafka_consumergroup_lag", &[("consumergroup", "g")]);
+    let current = || gauge(&registry, "kafka_consumergroup_current_offset", &[("consumergroup", "g")]);
+
+    produce(&bootstrap, 20);
+    commit_in_kafka(12);
+    eventually_true(WITHIN, "lag 8 from Kafka's offset 12", || async {
+        current() == Some(12.0) && lag() == Some(8.0)
+    })
+    .await;
+    // Keeping up: OK, from commits only Kafka has.
+    let mut end = 20;
+    for _ in 0..3 {
+        produce(&bootstrap, 10);
+        end += 10;
+        commit_in_kafka(end);
+        eventually_true(WITHIN, "Kafka's commit seen", || async { current() == Some(end as f64) }).await;
+        next_pass(&registry).await;
+    }
+    assert_eq!(partition_status(&registry), Some(OK));
+    assert_eq!(lag(), Some(0.0));
+    // Stopped: STOP, as for a group in ZooKeeper.
+    produce(&bootstrap, 100);
+    eventually_true(WITHIN, "STOP while the log grows", || async {
+        partition_status(&registry) == Some(STOP)
+    })
+    .await;
+    assert_eq!(lag(), Some(100.0));
+
+    // The topology's file goes (killed); the group stays in ZooKeeper: still judged from Kafka.
+    code.remove(&id).await.unwrap();
+    next_pass(&registry).await;
+    assert_eq!(current(), Some(end as f64), "offsets after the topology is gone");
+    cancel.cancel();
+}

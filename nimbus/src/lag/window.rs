@@ -35,12 +35,24 @@ pub enum OffsetRead {
     Garbage(String),
 }
 
-/// One group as read from ZooKeeper in one pass.
+/// Where a group's committed offsets were read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OffsetsSource {
+    /// `/consumers/<g>/offsets`: a commit's order is its znode's `mzxid`.
+    #[default]
+    ZooKeeper,
+    /// The group coordinator (a spout with `offsets_storage: kafka`): a commit's order is the
+    /// monitor's own count of offset changes, and its time when the monitor saw it.
+    Kafka,
+}
+
+/// One group as read in one pass.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GroupRead {
     /// Children of `/consumers/<g>/ids`.
     pub members: usize,
     pub offsets: BTreeMap<TopicPartition, OffsetRead>,
+    pub source: OffsetsSource,
 }
 
 /// Everything one pass read.
@@ -101,12 +113,21 @@ pub struct LagState {
     rules: Rules,
     log_ends: HashMap<TopicPartition, VecDeque<i64>>,
     commits: HashMap<String, HashMap<TopicPartition, VecDeque<Commit>>>,
+    /// Where each group's commits came from: orders from two sources do not compare, so a
+    /// group that changes source (a migration to Kafka storage) starts its windows afresh.
+    sources: HashMap<String, OffsetsSource>,
 }
 
 impl LagState {
     /// `intervals` is Burrow's window length (at least 1).
     pub fn new(intervals: usize, rules: Rules) -> Self {
-        LagState { intervals: intervals.max(1), rules, log_ends: HashMap::new(), commits: HashMap::new() }
+        LagState {
+            intervals: intervals.max(1),
+            rules,
+            log_ends: HashMap::new(),
+            commits: HashMap::new(),
+            sources: HashMap::new(),
+        }
     }
 
     /// Takes one pass's reads at `now_ms` and judges every group.
@@ -132,8 +153,12 @@ impl LagState {
             read.groups.values().flat_map(|g| g.offsets.keys().map(|(t, _)| t)).collect();
         self.log_ends.retain(|(topic, _), _| wanted.contains(topic) || read.topics.contains_key(topic));
         self.commits.retain(|group, _| read.groups.contains_key(group));
+        self.sources.retain(|group, _| read.groups.contains_key(group));
 
         for (group, group_read) in &read.groups {
+            if self.sources.insert(group.clone(), group_read.source).is_some_and(|s| s != group_read.source) {
+                self.commits.remove(group);
+            }
             let windows = self.commits.entry(group.clone()).or_default();
             windows.retain(|tp, _| group_read.offsets.contains_key(tp));
             let mut partitions = Vec::new();
