@@ -43,6 +43,18 @@ impl Rig {
         decide: fn(&Seen, usize) -> Verdict,
         topology: TopologyConfig,
     ) -> LocalCluster {
+        LocalCluster::start(self.topology(name, config, spouts, record, decide, topology)).unwrap()
+    }
+
+    fn topology(
+        &self,
+        name: &str,
+        config: KafkaSpoutConfig,
+        spouts: u32,
+        record: &Arc<Record>,
+        decide: fn(&Seen, usize) -> Verdict,
+        topology: TopologyConfig,
+    ) -> worker::Topology {
         let config = Arc::new(config);
         let env = self.env.clone();
         let mut builder = TopologyBuilder::new(name);
@@ -50,7 +62,7 @@ impl Rig {
         builder.set_spout("kafka", spouts, move || KafkaSpout::new(config.clone(), env.clone()));
         let record = record.clone();
         builder.set_bolt("record", 2, move || Recorder::new(&record, decide)).shuffle_grouping("kafka");
-        LocalCluster::start(builder.build().unwrap()).unwrap()
+        builder.build().unwrap()
     }
 }
 
@@ -136,6 +148,45 @@ fn every_message_at_least_once_with_ten_percent_failures_and_commits_reach_the_e
         "emitted {emitted}, replayed {replayed}, failed {failed}, duplicates {}",
         record.duplicates().len()
     );
+    cluster.shutdown(Duration::from_secs(5));
+}
+
+/// A topology submitted inactive opens its spouts without joining the group (Storm calls
+/// `activate` only when a topology runs): offsets can be reset before its first run.
+#[test]
+fn a_topology_started_inactive_joins_its_group_only_when_activated() {
+    let kafka = MockKafka::start(&[("dormant", 4)]);
+    produce(&kafka.bootstrap(), "dormant", 4, 0..40);
+    let rig = Rig::new();
+    let record = Arc::new(Record::default());
+    let topology = rig.topology(
+        "dormant",
+        spout_config(&kafka.bootstrap(), "dormant", "g-dormant"),
+        2,
+        &record,
+        ack_all,
+        TopologyConfig::default(),
+    );
+    let cluster = LocalCluster::start_inactive(topology).unwrap();
+    let zk = Zk::connect(&rig.ensemble);
+    // Opened but inactive: no member, no owner, so an operator may reset the offsets.
+    assert!(
+        !wait_until(Duration::from_secs(2), || !zk.ids("g-dormant").is_empty()),
+        "joined while inactive: {:?}",
+        zk.ids("g-dormant")
+    );
+    for p in 0..4 {
+        zk.reset_committed("g-dormant", "dormant", p, 5);
+    }
+    assert_eq!(record.len(), 0, "emitted while inactive");
+    cluster.runtime().activate();
+    assert!(
+        wait_until(WAIT, || zk.ids("g-dormant").len() == 2),
+        "both tasks joined: {:?}",
+        zk.ids("g-dormant")
+    );
+    // From the reset offsets: offsets 5..10 of each partition, numbers 20..40.
+    assert!(wait_until(WAIT, || record.numbers() == (20..40).collect()), "{:?}", record.numbers());
     cluster.shutdown(Duration::from_secs(5));
 }
 

@@ -250,6 +250,16 @@ impl LocalCluster {
     /// Starts every executor of `topology`, spread over `topology.workers` virtual workers,
     /// with spouts active.
     pub fn start(topology: Topology) -> Result<Self> {
+        Self::start_with(topology, true)
+    }
+
+    /// Starts every executor of `topology` with spouts inactive (as a topology submitted
+    /// `--inactive`) until [`WorkerRuntime::activate`].
+    pub fn start_inactive(topology: Topology) -> Result<Self> {
+        Self::start_with(topology, false)
+    }
+
+    fn start_with(topology: Topology, start_active: bool) -> Result<Self> {
         let topology = Arc::new(topology);
         let layout = Arc::new(TaskLayout::compute(&topology.component_parallelism()));
         let placement = local_placement(&layout, topology.config().workers);
@@ -269,7 +279,7 @@ impl LocalCluster {
             remote_tasks: BTreeMap::new(),
             remote_dests: Vec::new(),
             errors: Some(err_tx),
-            start_active: true,
+            start_active,
         })?;
         Ok(LocalCluster { runtime, errors: std::sync::Mutex::new(err_rx) })
     }

@@ -120,7 +120,7 @@ impl KafkaSpout {
         KafkaSpout { config, env, context: None, running: None, retry_join_at: None }
     }
 
-    /// The registry member of this task, once open (for tests and operations).
+    /// The registry member of this task, once activated (for tests and operations).
     pub fn member(&self) -> Option<&MemberHandle> {
         self.running.as_ref().map(|r| &r.handle)
     }
@@ -248,7 +248,7 @@ impl KafkaSpout {
             None => {}
         }
         let Some(context) = self.context.clone() else { return Ok(()) };
-        tracing::info!(component = %context.component_id, task = context.task_id.0, "activated: joining the consumer group again");
+        tracing::info!(component = %context.component_id, task = context.task_id.0, "activated: joining the consumer group");
         self.retry_join_at = None;
         self.start(&context).map_err(|e| {
             self.retry_join_at = Some(Instant::now() + JOIN_RETRY);
@@ -306,9 +306,12 @@ impl Spout for KafkaSpout {
         declarer.declare(Fields::new(FIELDS));
     }
 
+    /// Keeps the context; the group is joined at the first `activate` (or `next_tuple`), so a
+    /// topology submitted inactive holds no partitions and its offsets can be reset before it
+    /// ever runs, as after a deactivate.
     fn open(&mut self, context: &TopologyContext) -> std::result::Result<(), ComponentError> {
         self.context = Some(context.clone());
-        self.start(context).map_err(|e| Box::new(e) as ComponentError)
+        Ok(())
     }
 
     fn next_tuple(&mut self, out: &mut SpoutCollector<'_>) -> std::result::Result<(), ComponentError> {
@@ -333,9 +336,8 @@ impl Spout for KafkaSpout {
         }
     }
 
-    /// Joins the group again after a deactivate (from the committed offsets, which an
-    /// operator may have reset meanwhile); also called for the first activation, when there
-    /// is nothing to do.
+    /// Joins the group: the first time, or again after a deactivate (from the committed
+    /// offsets, which an operator may have reset meanwhile).
     fn activate(&mut self) {
         if let Some(r) = &mut self.running
             && r.leaving
