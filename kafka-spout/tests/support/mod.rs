@@ -15,7 +15,7 @@ use kafka_spout::KafkaSpoutConfig;
 use rdkafka::ClientConfig;
 use rdkafka::message::Message;
 use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
+use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext};
 use worker::{Bolt, BoltCollector, ComponentError, Tuple};
 
 pub use test_harness::wait_until;
