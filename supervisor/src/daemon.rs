@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use cluster_state::code::CodeFile;
 use cluster_state::coord::{self, Ensemble, Session, SessionOptions};
+use cluster_state::files;
 use cluster_state::ids::{SupervisorId, TopologyId, WorkerId};
 use cluster_state::launch::WorkerLaunch;
 use cluster_state::metrics::CoordMetrics;
@@ -64,6 +65,9 @@ pub struct SupervisorConfig {
     /// Squall's: nimbus's API, `host:port`, where topology code is downloaded from.
     #[serde(rename = "nimbus.http.address")]
     pub nimbus_address: String,
+    /// Squall's: nimbus's token, which code downloads need (the same key nimbus reads).
+    #[serde(rename = "nimbus.http.token")]
+    pub nimbus_token: Option<String>,
     /// Squall's: the port of this supervisor's Prometheus `/metrics` (0: any free port; the
     /// endpoint is published in `/storm/supervisors/<id>` for discovery either way).
     #[serde(rename = "supervisor.metrics.port")]
@@ -86,6 +90,7 @@ impl Default for SupervisorConfig {
             heartbeat_frequency_secs: 5,
             worker_shutdown_sleep_secs: 3,
             nimbus_address: "127.0.0.1:8080".to_owned(),
+            nimbus_token: None,
             metrics_port: 0,
         }
     }
@@ -222,11 +227,14 @@ pub async fn run(
     let metrics = SupervisorMetrics::register(registry).map_err(metrics_error)?;
     cluster_state::metrics::register_daemon_info(registry, "supervisor").map_err(metrics_error)?;
     let coord_metrics = CoordMetrics::register(registry).map_err(metrics_error)?;
-    std::fs::create_dir_all(config.local_dir.join("logs")).map_err(|e| SupervisorError::Config {
-        key: "storm.local.dir",
-        reason: format!("cannot create {}: {e}", config.local_dir.join("logs").display()),
-    })?;
-    let code = CodeSync::new(config.nimbus_address.clone(), &config.local_dir);
+    for dir in [config.local_dir.clone(), config.local_dir.join("logs")] {
+        files::create_private_dir_all(&dir).map_err(|e| SupervisorError::Config {
+            key: "storm.local.dir",
+            reason: format!("cannot create {}: {e}", dir.display()),
+        })?;
+    }
+    let mut code = CodeSync::new(config.nimbus_address.clone(), &config.local_dir);
+    code.nimbus.token = config.nimbus_token.clone();
     let timeouts = WorkerTimeouts {
         heartbeat_secs: config.worker_timeout_secs,
         start_secs: config.worker_start_timeout_secs,
