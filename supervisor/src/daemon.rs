@@ -10,12 +10,13 @@
 //! this machine adopts them.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use cluster_state::code::CodeFile;
-use cluster_state::coord::{self, Ensemble, Session, SessionOptions};
+use cluster_state::coord::{self, AUTH_ENV, Ensemble, Session, SessionOptions, ZkAuth};
 use cluster_state::files;
 use cluster_state::ids::{SupervisorId, TopologyId, WorkerId};
 use cluster_state::launch::WorkerLaunch;
@@ -152,8 +153,12 @@ fn worker_spec(
     paths: &StormPaths,
     code: &CodeSync,
     program: &WorkerProgram,
+    auth: Option<&ZkAuth>,
 ) -> SpecBuilder {
     let (config, paths, code, program) = (config.clone(), paths.clone(), code.clone(), program.clone());
+    // The cluster's ZooKeeper credentials, in the environment: a command line is public.
+    let env: Vec<(OsString, OsString)> =
+        auth.map(|a| (OsString::from(AUTH_ENV), OsString::from(a.to_env_value()))).into_iter().collect();
     Arc::new(
         move |supervisor: &SupervisorId, worker_id: &WorkerId, port: u16, assignment: &LocalAssignment| {
             let dir = code.topology_dir(&assignment.topology_id);
@@ -176,7 +181,7 @@ fn worker_spec(
             WorkerSpec {
                 program: if own_binary.is_file() { own_binary } else { program.squall.clone() },
                 launch,
-                env: Vec::new(),
+                env: env.clone(),
                 dir: config.local_dir.clone(),
                 log_path: logs.join(format!("worker-{port}-{worker_id}.log")),
             }
@@ -242,7 +247,7 @@ pub async fn run(
     let mut process = ProcessTask::open(
         &config.local_dir,
         launcher,
-        worker_spec(&config, &paths, &code, &program),
+        worker_spec(&config, &paths, &code, &program, ensemble.security().auth.as_ref()),
         timeouts,
         Duration::from_secs(config.worker_shutdown_sleep_secs),
     )?;
@@ -474,7 +479,7 @@ mod tests {
         let paths = config.validate().unwrap();
         let code = CodeSync::new("127.0.0.1:1", &config.local_dir);
         let program = WorkerProgram { squall: "/usr/bin/squall".into(), zookeeper: Some("zk1:2181".into()) };
-        let build = worker_spec(&config, &paths, &code, &program);
+        let build = worker_spec(&config, &paths, &code, &program, None);
         let assignment =
             LocalAssignment { topology_id: "wc-1-1700000000".parse().unwrap(), executors: BTreeSet::new() };
         let (supervisor, worker) = ("sup-1".parse().unwrap(), "w-1".parse().unwrap());
