@@ -287,6 +287,28 @@ mod tests {
     }
 
     #[test]
+    fn zookeeper_credentials_are_checked_and_never_echoed() {
+        let config = ClusterConfig::parse("storm.zookeeper.auth.payload: \"squall:pw-77\"\n", None).unwrap();
+        let auth = config.zookeeper_auth().unwrap().unwrap();
+        assert_eq!((auth.scheme(), auth.user()), ("digest", "squall"));
+        for (text, key) in [
+            (
+                "storm.zookeeper.auth.scheme: sasl\nstorm.zookeeper.auth.payload: u:pw-77\n",
+                "storm.zookeeper.auth.scheme",
+            ),
+            ("storm.zookeeper.auth.payload: pw-77\n", "storm.zookeeper.auth.payload"),
+            ("storm.zookeeper.auth.payload: [pw-77]\n", "storm.zookeeper.auth.payload"),
+            ("storm.zookeeper.auth.scheme: digest\n", "storm.zookeeper.auth.payload"),
+        ] {
+            let err = ClusterConfig::parse(text, None).unwrap().zookeeper_auth().unwrap_err();
+            assert!(err.contains(key) && !err.contains("pw-77"), "{text}: {err}");
+        }
+        let mut config = ClusterConfig::default();
+        let err = config.set("storm.zookeeper.auth.payload=[pw-77").unwrap_err();
+        assert!(!err.contains("pw-77"), "{err}");
+    }
+
+    #[test]
     fn bad_files_name_the_key() {
         let cases = [
             ("nimbus.monitor.freq: 2", "unknown key \"nimbus.monitor.freq\" (known keys like it: nimbus."),
