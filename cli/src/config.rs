@@ -9,6 +9,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use cluster_state::coord::{Ensemble, Security, ZkAuth};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_yaml_ng::{Mapping, Value};
@@ -16,11 +17,14 @@ use serde_yaml_ng::{Mapping, Value};
 /// Keys no daemon struct holds: where ZooKeeper is (Storm's two keys).
 const ZOOKEEPER_SERVERS: &str = "storm.zookeeper.servers";
 const ZOOKEEPER_PORT: &str = "storm.zookeeper.port";
+/// Storm's ZooKeeper credentials: every process authenticates with them (`coord::Security`).
+const ZOOKEEPER_AUTH_SCHEME: &str = "storm.zookeeper.auth.scheme";
+const ZOOKEEPER_AUTH_PAYLOAD: &str = "storm.zookeeper.auth.payload";
 /// Keys the clients read (they are also nimbus's or a supervisor's).
 const NIMBUS_ADDRESS: &str = "nimbus.http.address";
 const NIMBUS_TOKEN: &str = "nimbus.http.token";
 /// Keys whose values are secrets: no message ever shows their value.
-const SECRET_KEYS: [&str; 1] = [NIMBUS_TOKEN];
+const SECRET_KEYS: [&str; 2] = [NIMBUS_TOKEN, ZOOKEEPER_AUTH_PAYLOAD];
 
 fn is_secret(key: &str) -> bool {
     SECRET_KEYS.contains(&key)
@@ -52,7 +56,9 @@ fn keys_of<T: Serialize + Default>() -> BTreeSet<String> {
 fn known_keys() -> BTreeSet<String> {
     let mut keys = keys_of::<nimbus::NimbusConfig>();
     keys.extend(keys_of::<supervisor::daemon::SupervisorConfig>());
-    keys.extend([ZOOKEEPER_SERVERS, ZOOKEEPER_PORT].map(str::to_owned));
+    keys.extend(
+        [ZOOKEEPER_SERVERS, ZOOKEEPER_PORT, ZOOKEEPER_AUTH_SCHEME, ZOOKEEPER_AUTH_PAYLOAD].map(str::to_owned),
+    );
     keys
 }
 
@@ -198,6 +204,51 @@ impl ClusterConfig {
         Ok(Some(servers.iter().map(|s| format!("{s}:{port}")).collect::<Vec<_>>().join(",")))
     }
 
+    /// The ZooKeeper credentials: `storm.zookeeper.auth.scheme` (default `digest`) and
+    /// `storm.zookeeper.auth.payload` (`user:password`), else the environment's
+    /// `SQUALL_ZOOKEEPER_AUTH` (`digest:user:password`), else none. Errors name the key, never the
+    /// payload.
+    pub fn zookeeper_auth(&self) -> Result<Option<ZkAuth>, String> {
+        let scheme = self.string(ZOOKEEPER_AUTH_SCHEME)?;
+        let payload = match self.map.get(ZOOKEEPER_AUTH_PAYLOAD) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => {
+                return Err(format!(
+                    "{}: {ZOOKEEPER_AUTH_PAYLOAD} must be a string (the value is not shown, it is a secret)",
+                    self.name()
+                ));
+            }
+        };
+        match (scheme, payload) {
+            (None, None) => ZkAuth::from_env(),
+            (Some(_), None) => Err(format!(
+                "{}: {ZOOKEEPER_AUTH_SCHEME} is set but {ZOOKEEPER_AUTH_PAYLOAD} is not",
+                self.name()
+            )),
+            (scheme, Some(payload)) => {
+                let scheme = scheme.unwrap_or_else(|| "digest".to_owned());
+                ZkAuth::new(&scheme, &payload).map(Some).map_err(|e| {
+                    let key = if scheme == "digest" { ZOOKEEPER_AUTH_PAYLOAD } else { ZOOKEEPER_AUTH_SCHEME };
+                    format!("{}: {key}: {e}", self.name())
+                })
+            }
+        }
+    }
+
+    /// The coordination ensemble at `connect`, with the credentials and the ACL policy for
+    /// nodes under `storm_root`. Without credentials, says once that ZooKeeper is open.
+    pub fn ensemble(&self, connect: String, storm_root: &str) -> Result<Ensemble, String> {
+        let auth = self.zookeeper_auth()?;
+        if auth.is_none() {
+            tracing::warn!(
+                "no ZooKeeper credentials ({ZOOKEEPER_AUTH_PAYLOAD}): every node Squall creates is readable \
+                 and writable by anyone who reaches ZooKeeper (SECURITY.md)"
+            );
+        }
+        Ok(Ensemble::zookeeper(connect).with_security(Security::new(auth, storm_root)))
+    }
+
     /// Where clients and supervisors reach nimbus (`nimbus.http.address`).
     pub fn nimbus_address(&self) -> Result<String, String> {
         Ok(self
@@ -233,6 +284,28 @@ mod tests {
         );
         assert_eq!(config.nimbus_address().unwrap(), "n:8080");
         assert_eq!(ClusterConfig::parse("", None).unwrap().zookeeper().unwrap(), None);
+    }
+
+    #[test]
+    fn zookeeper_credentials_are_checked_and_never_echoed() {
+        let config = ClusterConfig::parse("storm.zookeeper.auth.payload: \"squall:pw-77\"\n", None).unwrap();
+        let auth = config.zookeeper_auth().unwrap().unwrap();
+        assert_eq!((auth.scheme(), auth.user()), ("digest", "squall"));
+        for (text, key) in [
+            (
+                "storm.zookeeper.auth.scheme: sasl\nstorm.zookeeper.auth.payload: u:pw-77\n",
+                "storm.zookeeper.auth.scheme",
+            ),
+            ("storm.zookeeper.auth.payload: pw-77\n", "storm.zookeeper.auth.payload"),
+            ("storm.zookeeper.auth.payload: [pw-77]\n", "storm.zookeeper.auth.payload"),
+            ("storm.zookeeper.auth.scheme: digest\n", "storm.zookeeper.auth.payload"),
+        ] {
+            let err = ClusterConfig::parse(text, None).unwrap().zookeeper_auth().unwrap_err();
+            assert!(err.contains(key) && !err.contains("pw-77"), "{text}: {err}");
+        }
+        let mut config = ClusterConfig::default();
+        let err = config.set("storm.zookeeper.auth.payload=[pw-77").unwrap_err();
+        assert!(!err.contains("pw-77"), "{err}");
     }
 
     #[test]

@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use cluster_state::coord::Ensemble;
 use cluster_state::signal::run_until_signal;
 use tokio_util::sync::CancellationToken;
 
@@ -56,7 +55,7 @@ pub fn supervisor(args: DaemonArgs) -> Result<(), String> {
         let shutdown = CancellationToken::new();
         let launcher = Arc::new(supervisor::launch::ProcessLauncher::new());
         let registry = prometheus::Registry::new();
-        let ensemble = Ensemble::zookeeper(zookeeper);
+        let ensemble = file.ensemble(zookeeper, &config.zookeeper_root)?;
         let supervisor =
             supervisor::daemon::run(config, ensemble, launcher, program, &registry, shutdown.clone());
         run_until_signal(shutdown, supervisor).await.map_err(|e| e.to_string())
@@ -70,7 +69,8 @@ pub fn nimbus(args: DaemonArgs) -> Result<(), String> {
     runtime()?.block_on(async {
         let shutdown = CancellationToken::new();
         let registry = prometheus::Registry::new();
-        let nimbus = nimbus::run(config, Ensemble::zookeeper(zookeeper), &registry, shutdown.clone());
+        let ensemble = file.ensemble(zookeeper, &config.zookeeper_root)?;
+        let nimbus = nimbus::run(config, ensemble, &registry, shutdown.clone());
         run_until_signal(shutdown, nimbus).await.map_err(|e| e.to_string())
     })
 }

@@ -65,6 +65,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Whatever this process or a library writes is its owner's alone (0600 / 0700).
+    cluster_state::files::restrict_umask();
     let cli = Cli::parse();
     // `squall local` prints its own progress; the daemons' info logs would drown it.
     let default_level = if matches!(cli.command, Some(Command::Local(_))) { "warn" } else { "info" };
@@ -72,7 +74,8 @@ fn main() -> ExitCode {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_level.into()),
         )
-        .with_writer(std::io::stderr)
+        // Secret param values of the topologies this process loaded never reach the log.
+        .with_writer(|| cluster_state::secrets::RedactingWriter(std::io::stderr()))
         .init();
     match cli.command {
         Some(Command::Local(cmd)) => report("local", local::execute(cmd)),

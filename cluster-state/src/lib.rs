@@ -29,6 +29,9 @@
 //! - [`coord`]: the coordination client every other crate uses, with two backends of the same
 //!   semantics: real ZooKeeper (`zookeeper-client`) and an in-memory ensemble for
 //!   `squall local` and fast tests. One conformance suite holds both to the same behaviour.
+//! - [`files`]: owner-only files (`0600`) and directories (`0700`), how Squall writes to disk.
+//! - [`secrets`]: which topology params are secrets, and redaction of their values from API
+//!   answers, reported errors and logs.
 
 // Async code: `tokio::time::Instant`, never std's (see clippy.toml).
 #![deny(clippy::disallowed_types)]
@@ -37,12 +40,14 @@ pub mod api;
 pub mod clock;
 pub mod code;
 pub mod coord;
+pub mod files;
 pub mod http;
 pub mod ids;
 pub mod launch;
 pub mod layout;
 pub mod metrics;
 pub mod paths;
+pub mod secrets;
 pub mod signal;
 pub mod structure;
 pub mod znode;

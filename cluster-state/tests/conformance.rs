@@ -13,8 +13,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use cluster_state::coord::{
-    CreateMode, Ensemble, EphemeralClaim, Error, MemoryEnsemble, Op, OpResult, Session, SessionOptions,
-    SessionState, Watch, WatchEvent,
+    CreateMode, Ensemble, EphemeralClaim, Error, MemoryEnsemble, Op, OpResult, Security, Session,
+    SessionOptions, SessionState, Watch, WatchEvent, ZkAuth,
 };
 use cluster_state::znode::{OffsetData, StormBase, ZnodeData};
 use test_harness::{TcpRelay, ZkServer, eventually};
@@ -50,6 +50,16 @@ impl Fixture {
         let ensemble = match self {
             Fixture::Memory(m) => Ensemble::Memory(m.clone()),
             Fixture::ZooKeeper { direct, .. } => direct.clone(),
+        };
+        ensemble.connect(&options()).await.expect("connect")
+    }
+
+    /// A session of another client of the same ensemble, with `security`'s credentials (none:
+    /// an anonymous client, like Burrow or an attacker on the network).
+    async fn connect_as(&self, security: Security) -> Session {
+        let ensemble = match self {
+            Fixture::Memory(m) => Ensemble::Memory(m.with_security(security)),
+            Fixture::ZooKeeper { direct, .. } => direct.clone().with_security(security),
         };
         ensemble.connect(&options()).await.expect("connect")
     }
@@ -152,6 +162,8 @@ conformance! {
     garbage_payloads_are_errors_naming_the_path,
     changes_made_during_a_partition_fire_watches_on_reconnect,
     a_closed_session_reports_closed,
+    with_auth_storm_nodes_are_private_and_registry_nodes_world_readable,
+    without_auth_nodes_stay_open,
 }
 
 /// What only a real server can show: a ZooKeeper restart is an outage every client rides out.
@@ -183,6 +195,82 @@ mod zookeeper_only {
 
 mod cases {
     use super::*;
+
+    fn cluster_security(user: &str) -> Security {
+        Security::new(Some(ZkAuth::new("digest", &format!("{user}:pw-{user}-1")).unwrap()), "/storm")
+    }
+
+    pub async fn with_auth_storm_nodes_are_private_and_registry_nodes_world_readable(f: Fixture) {
+        let squall = f.connect_as(cluster_security("squall")).await;
+        let storm = "/storm/supervisors/sup-1";
+        let offset = "/consumers/g/offsets/t/0";
+        squall.create(storm, b"info", CreateMode::Persistent.with_parents()).await.unwrap();
+        squall.create(offset, b"42", CreateMode::Persistent.with_parents()).await.unwrap();
+        squall.create("/consumers/g/ids/c1", b"{}", CreateMode::Ephemeral.with_parents()).await.unwrap();
+
+        let anonymous = f.connect_as(Security::default()).await;
+        let stranger = f.connect_as(cluster_security("mallory")).await;
+        for (who, s) in [("anonymous", &anonymous), ("another user", &stranger)] {
+            let no_auth = |path: &str| Error::NoAuth { path: path.to_owned() };
+            // Storm's layout: nothing readable, nothing writable (no fake supervisor).
+            assert_eq!(s.get(storm).await.unwrap_err(), no_auth(storm), "{who}");
+            assert_eq!(
+                s.children("/storm/supervisors").await.unwrap_err(),
+                no_auth("/storm/supervisors"),
+                "{who}"
+            );
+            assert_eq!(s.set(storm, b"x", None).await.unwrap_err(), no_auth(storm), "{who}");
+            let fake = "/storm/supervisors/attacker";
+            assert_eq!(
+                s.create(fake, b"x", CreateMode::Ephemeral).await.unwrap_err(),
+                no_auth(fake),
+                "{who}"
+            );
+            assert_eq!(s.delete(storm, None).await.unwrap_err(), no_auth(storm), "{who}");
+            let sneak = [Op::SetData { path: storm.into(), data: b"x".to_vec(), version: None }];
+            assert!(
+                matches!(s.multi(&sneak).await.unwrap_err(), Error::MultiFailed { index: 0, source } if *source == no_auth(storm))
+            );
+            // exists is never refused (ZooKeeper checks no ACL for it).
+            assert!(s.exists(storm).await.unwrap().is_some(), "{who}");
+            // The Kafka registry: Burrow and Kafka's tools read it, nobody else writes it.
+            assert_eq!(s.get(offset).await.unwrap().0, b"42", "{who}");
+            assert_eq!(s.children("/consumers/g/ids").await.unwrap(), vec!["c1".to_owned()], "{who}");
+            assert_eq!(s.set(offset, b"0", None).await.unwrap_err(), no_auth(offset), "{who}");
+            let member = "/consumers/g/ids/intruder";
+            assert_eq!(
+                s.create(member, b"{}", CreateMode::Ephemeral).await.unwrap_err(),
+                no_auth(member),
+                "{who}"
+            );
+            assert_eq!(s.delete(offset, None).await.unwrap_err(), no_auth(offset), "{who}");
+        }
+        assert_eq!(squall.get(storm).await.unwrap().0, b"info", "nothing was changed");
+        assert_eq!(squall.get(offset).await.unwrap().0, b"42");
+
+        // Another process of the cluster (same credentials) does everything.
+        let nimbus = f.connect_as(cluster_security("squall")).await;
+        assert_eq!(nimbus.get(storm).await.unwrap().0, b"info");
+        nimbus.set(storm, b"new", Some(0)).await.unwrap();
+        nimbus.create("/storm/supervisors/sup-2", b"", CreateMode::Ephemeral).await.unwrap();
+        let ops = [
+            Op::Check { path: storm.into(), version: 1 },
+            Op::SetData { path: offset.into(), data: b"43".to_vec(), version: None },
+        ];
+        nimbus.multi(&ops).await.unwrap();
+        nimbus.delete_recursive("/storm").await.unwrap();
+        assert_eq!(squall.get(offset).await.unwrap().0, b"43");
+    }
+
+    pub async fn without_auth_nodes_stay_open(f: Fixture) {
+        let s = f.connect().await;
+        s.create("/storm/supervisors/sup-1", b"info", CreateMode::Persistent.with_parents()).await.unwrap();
+        let other = f.connect_as(Security::default()).await;
+        assert_eq!(other.get("/storm/supervisors/sup-1").await.unwrap().0, b"info");
+        other.set("/storm/supervisors/sup-1", b"x", None).await.unwrap();
+        other.create("/storm/supervisors/sup-2", b"", CreateMode::Ephemeral).await.unwrap();
+        other.delete("/storm/supervisors/sup-1", None).await.unwrap();
+    }
 
     pub async fn create_read_update_delete(f: Fixture) {
         let s = f.connect().await;

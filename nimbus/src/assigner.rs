@@ -158,6 +158,8 @@ impl Assigner {
         let mut memory = self.memory.lock().await;
         let bytes = self.code.read_finished(request.topology, MAX_TOPOLOGY_FILE_BYTES).await?;
         let text = String::from_utf8(bytes).map_err(|_| SubmitError::NotText)?;
+        // Known before anything can quote the file: errors, answers and logs hide them from now on.
+        cluster_state::secrets::remember(&cluster_state::secrets::Redactor::from_flux(&text));
         let structure = TopologyStructure::from_flux(&text)?;
         let snapshot = state::read_snapshot(&self.session, &self.paths, 0, now_secs()).await?.value;
         // By the name part of every id under /storms, so a node whose data does not decode

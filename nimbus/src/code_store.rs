@@ -25,7 +25,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use cluster_state::files;
 use cluster_state::ids::TopologyId;
+use cluster_state::secrets::{self, Redactor};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
@@ -191,9 +193,11 @@ impl CodeStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_at(&inbox)(e)),
         }
-        tokio::fs::create_dir_all(&inbox).await.map_err(io_at(&inbox))?;
+        files::create_private_dir_all_async(&dir).await.map_err(io_at(&dir))?;
+        files::create_private_dir_all_async(&inbox).await.map_err(io_at(&inbox))?;
         let stormdist = dir.join(STORMDIST);
-        tokio::fs::create_dir_all(&stormdist).await.map_err(io_at(&stormdist))?;
+        files::create_private_dir_all_async(&stormdist).await.map_err(io_at(&stormdist))?;
+        remember_stored_secrets(&stormdist).await;
         Ok(CodeStore { inner: Arc::new(Inner { dir, limits, uploads: Mutex::new(HashMap::new()) }) })
     }
 
@@ -253,7 +257,9 @@ impl CodeStore {
             map.insert(id, Entry { slot, client });
         }
         let path = self.part_path(id);
-        match tokio::fs::File::create_new(&path).await {
+        let mut options = tokio::fs::OpenOptions::new();
+        options.write(true).create_new(true).mode(files::FILE_MODE);
+        match options.open(&path).await {
             Ok(file) => {
                 *guard = Some(Pending {
                     size,
@@ -365,7 +371,7 @@ impl CodeStore {
             Some(Stage::Finished { sha256 }) => sha256.clone(),
         };
         let dir = self.topology_dir(topology);
-        tokio::fs::create_dir_all(&dir).await.map_err(io_at(&dir))?;
+        files::create_private_dir_all_async(&dir).await.map_err(io_at(&dir))?;
         // The checksum goes first: a reader that finds the file always finds its checksum
         // (a stale one only if the file is being replaced, which a download then detects).
         let sum_path = dir.join(format!("{}.sha256", file.file_name()));
@@ -387,7 +393,7 @@ impl CodeStore {
         let secret: [u8; 32] = rand::random();
         let file = CodeFile::Secret;
         let dir = self.topology_dir(topology);
-        tokio::fs::create_dir_all(&dir).await.map_err(io_at(&dir))?;
+        files::create_private_dir_all_async(&dir).await.map_err(io_at(&dir))?;
         let sum_path = dir.join(format!("{}.sha256", file.file_name()));
         let sum_tmp = dir.join(format!(".{}.sha256.tmp", file.file_name()));
         write_synced(&sum_tmp, sha256_hex(&secret).as_bytes()).await?;
@@ -397,7 +403,7 @@ impl CodeStore {
             .write(true)
             .create(true)
             .truncate(true)
-            .mode(0o600)
+            .mode(files::FILE_MODE)
             .open(&tmp)
             .await
             .map_err(io_at(&tmp))?;
@@ -516,9 +522,21 @@ async fn flush_and_sync(file: &mut tokio::fs::File) -> io::Result<()> {
 }
 
 async fn write_synced(path: &Path, data: &[u8]) -> Result<()> {
-    let mut file = tokio::fs::File::create(path).await.map_err(io_at(path))?;
+    let mut file = files::private_file_async().open(path).await.map_err(io_at(path))?;
     file.write_all(data).await.map_err(io_at(path))?;
     flush_and_sync(&mut file).await.map_err(io_at(path))
+}
+
+/// Makes the secret params of every stored topology known to this process (`secrets`), so a
+/// restarted nimbus hides them in its answers and logs as the one that took the submit did.
+async fn remember_stored_secrets(stormdist: &Path) {
+    let Ok(mut entries) = tokio::fs::read_dir(stormdist).await else { return };
+    while let Ok(Some(entry)) = entries.next_entry().await {
+        let file = entry.path().join(CodeFile::Topology.file_name());
+        if let Ok(text) = tokio::fs::read_to_string(&file).await {
+            secrets::remember(&Redactor::from_flux(&text));
+        }
+    }
 }
 
 /// SHA-256 of `bytes` in lowercase hex, as [`CodeStore::finish`] expects it.

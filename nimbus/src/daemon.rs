@@ -54,15 +54,21 @@ pub struct NimbusConfig {
     /// Uploads idle this long are discarded.
     #[serde(rename = "nimbus.file.copy.expiration.secs")]
     pub file_copy_expiration_secs: u64,
-    /// Squall's: the API's listen address.
+    /// Squall's: the API's listen address (default loopback: nothing off this machine reaches
+    /// nimbus until the operator says so).
     #[serde(rename = "nimbus.http.host")]
     pub http_host: String,
     /// Squall's: the API's port (0 picks a free one).
     #[serde(rename = "nimbus.http.port")]
     pub http_port: u16,
-    /// Squall's: required as `Authorization: Bearer <token>` on mutating calls when set.
+    /// Squall's: required as `Authorization: Bearer <token>` on mutating calls and code
+    /// downloads when set.
     #[serde(rename = "nimbus.http.token")]
     pub http_token: Option<String>,
+    /// Squall's: allows the API on a non-loopback address without a token (anyone who reaches
+    /// the port can then submit code that supervisors run). Off by default.
+    #[serde(rename = "nimbus.http.insecure")]
+    pub http_insecure: bool,
     /// Squall's: the largest topology code upload.
     #[serde(rename = "nimbus.code.max.upload.bytes")]
     pub max_upload_bytes: u64,
@@ -119,10 +125,13 @@ impl Default for NimbusConfig {
             supervisor_timeout_secs: 60,
             // Storm's defaults.yaml: `nimbus.file.copy.expiration.secs: 600`.
             file_copy_expiration_secs: 600,
-            http_host: "0.0.0.0".to_owned(),
+            // Loopback unless configured (Storm UI binds every address; Squall's API takes code
+            // to run, so it starts closed). SECURITY.md.
+            http_host: "127.0.0.1".to_owned(),
             // Storm UI's `ui.port: 8080`, since the API is shaped like Storm UI's.
             http_port: 8080,
             http_token: None,
+            http_insecure: false,
             max_upload_bytes: CodeStoreLimits::default().max_upload_bytes,
             // Storm's defaults.yaml: `topology.max.task.parallelism: null`; the other two are
             // Squall's (see `TopologyLimits`).
@@ -174,6 +183,17 @@ impl NimbusConfig {
                 message: "must not be empty (leave it out to run without a token)".into(),
             });
         }
+        if self.http_token.is_none() && !self.http_insecure && !is_loopback_host(&self.http_host) {
+            return Err(NimbusError::Config {
+                key: "nimbus.http.host",
+                message: format!(
+                    "{:?} is not a loopback address and no nimbus.http.token is set: anyone reaching it \
+                     could submit code to run; set a token, bind 127.0.0.1, or set \
+                     nimbus.http.insecure: true to accept that",
+                    self.http_host
+                ),
+            });
+        }
         if !(0.0..=1.0).contains(&self.lag_minimum_complete) {
             return Err(NimbusError::Config {
                 key: "squall.lag.minimum.complete",
@@ -221,6 +241,14 @@ impl NimbusConfig {
     pub fn nimbus_dir(&self) -> PathBuf {
         self.local_dir.join("nimbus")
     }
+}
+
+/// Whether `host` (an address or `localhost`) only accepts connections from this machine.
+/// Any other name counts as reachable from outside: it is resolved only at bind time.
+pub fn is_loopback_host(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Why nimbus could not start or stopped on its own.
@@ -405,12 +433,31 @@ mod tests {
     }
 
     #[test]
+    fn the_api_binds_loopback_unless_a_token_or_insecure_says_otherwise() {
+        assert_eq!(NimbusConfig::default().http_host, "127.0.0.1");
+        for host in ["127.0.0.1", "127.3.2.1", "::1", "[::1]", "localhost", "LOCALHOST"] {
+            assert!(is_loopback_host(host), "{host}");
+            NimbusConfig { http_host: host.into(), ..Default::default() }.validate().unwrap();
+        }
+        for host in ["0.0.0.0", "::", "10.0.0.1", "nimbus.example", "localhost.example"] {
+            assert!(!is_loopback_host(host), "{host}");
+            let open = NimbusConfig { http_host: host.into(), ..Default::default() };
+            let err = open.validate().unwrap_err().to_string();
+            assert!(err.contains("nimbus.http.token") && err.contains("nimbus.http.insecure"), "{err}");
+            NimbusConfig { http_token: Some("t".into()), ..open.clone() }.validate().unwrap();
+            NimbusConfig { http_insecure: true, ..open }.validate().unwrap();
+        }
+    }
+
+    #[test]
     fn validation_names_the_key() {
         for (config, key) in [
             (NimbusConfig { zookeeper_root: "storm".into(), ..Default::default() }, "storm.zookeeper.root"),
             (NimbusConfig { monitor_freq_secs: 0, ..Default::default() }, "nimbus.monitor.freq.secs"),
             (NimbusConfig { http_token: Some(String::new()), ..Default::default() }, "nimbus.http.token"),
             (NimbusConfig { local_dir: PathBuf::new(), ..Default::default() }, "storm.local.dir"),
+            (NimbusConfig { http_host: "0.0.0.0".into(), ..Default::default() }, "nimbus.http.host"),
+            (NimbusConfig { http_host: "nimbus.example".into(), ..Default::default() }, "nimbus.http.host"),
             (NimbusConfig { lag_intervals: 0, ..Default::default() }, "squall.lag.intervals"),
             (NimbusConfig { lag_minimum_complete: 1.5, ..Default::default() }, "squall.lag.minimum.complete"),
             (

@@ -11,7 +11,10 @@
 //! Errors are `ErrorBody` (`{"error": "<reason phrase>", "errorMessage": "<what is wrong>"}`)
 //! with a 4xx for anything the client got wrong (400 naming the field, 401, 404, 405, 409, 413,
 //! 429); a 5xx only when nimbus or ZooKeeper failed. When a token is configured, every POST
-//! needs `Authorization: Bearer <token>`. Bodies are size-limited before they are read.
+//! and every code download (`GET .../code/<file>`: the user's binary, the topology file with
+//! its params, the transport secret) needs `Authorization: Bearer <token>`. Bodies are
+//! size-limited before they are read. Secret param values (`cluster_state::secrets`) never
+//! appear in an answer.
 
 use std::convert::Infallible;
 use std::io;
@@ -29,6 +32,7 @@ use cluster_state::code::CodeFile;
 use cluster_state::coord;
 use cluster_state::http::{Peer, ServeOptions};
 use cluster_state::ids::TopologyId;
+use cluster_state::secrets;
 use futures::TryStreamExt;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited, StreamBody};
@@ -54,7 +58,7 @@ pub use cluster_state::api::CHECKSUM_HEADER;
 /// Limits and settings of the API.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiConfig {
-    /// Required on mutating calls as `Authorization: Bearer <token>`, when set.
+    /// Required on mutating calls and code downloads as `Authorization: Bearer <token>`, when set.
     pub token: Option<String>,
     /// Largest JSON request body.
     pub max_json_body_bytes: usize,
@@ -221,7 +225,9 @@ fn full(bytes: impl Into<Bytes>) -> Body {
 
 fn error_response(e: ApiError) -> Response<Body> {
     let error = e.status.canonical_reason().unwrap_or("Error").to_owned();
-    let mut response = json_response(e.status, &ErrorBody { error, error_message: e.message });
+    // A message may quote a topology file (a submit refused for its params).
+    let error_message = secrets::redact_known(&e.message).into_owned();
+    let mut response = json_response(e.status, &ErrorBody { error, error_message });
     if let Some(allow) = e.allow {
         response.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
     }
@@ -273,7 +279,10 @@ async fn dispatch(state: &ApiState, request: Request<Incoming>) -> Result<Respon
     if request.method() != wanted {
         return Err(wrong_method(&path, &wanted, request.method()));
     }
-    if wanted == Method::POST {
+    // Code files are the user's program and its topology file, which may hold credentials:
+    // only token holders (supervisors, operators) read them, like every change.
+    let code_file = matches!(route, Ok(Route::Code(..)) | Err(api::InvalidSegment::CodeFile(_)));
+    if wanted == Method::POST || code_file {
         authorize(state, &request)?;
     }
     let route = route.map_err(|segment| match segment {
@@ -387,7 +396,9 @@ async fn topology_errors(state: &ApiState, id: &TopologyId) -> Result<TopologyEr
         .into_iter()
         .map(|e| TopologyError {
             component: e.component,
-            error: e.info.error,
+            // A component's error may quote its params; workers redact too, this covers
+            // errors written before the topology's secrets were known to them.
+            error: secrets::redact_known(&e.info.error).into_owned(),
             error_host: e.info.host,
             error_port: e.info.port,
             error_time: e.info.time_secs.saturating_mul(1000),
@@ -489,9 +500,13 @@ fn authorize(state: &ApiState, request: &Request<Incoming>) -> Result<(), ApiErr
     match given {
         Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => Ok(()),
         Some(_) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "the bearer token is wrong")),
-        None => Err(ApiError::new(
+        None if request.method() == Method::POST => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "this call changes the cluster and needs \"Authorization: Bearer <token>\"",
+        )),
+        None => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "topology code is served only with \"Authorization: Bearer <token>\"",
         )),
     }
 }

@@ -460,6 +460,82 @@ async fn mutating_calls_need_the_token() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn code_downloads_need_the_token_and_secret_params_never_come_back() {
+    let ensemble = Ensemble::in_memory();
+    let dir = tempfile::tempdir().unwrap();
+    let config = ApiConfig { token: Some("s3cret".into()), ..Default::default() };
+    let nimbus = Nimbus::start(&ensemble, dir.path(), config).await;
+    seed(nimbus.session(), nimbus.transitions.code()).await;
+    nimbus.transitions.remove(&id(), None).await.unwrap();
+    let auth = [("Authorization", "Bearer s3cret")];
+    // A topology whose spout holds a Kafka password, submitted through the API.
+    let file = format!(
+        "{TOPOLOGY_FILE}spouts:\n  - id: in\n    className: kafka-spout\n    params:\n      librdkafka: {{sasl.password: hunter2-pw}}\n"
+    );
+    let path = Route::BeginUpload.path();
+    let begun =
+        request(nimbus.addr, "POST", &path, &auth, &body(&BeginUpload { size: file.len() as u64 })).await;
+    let upload = begun.decode::<UploadBegun>().upload_id;
+    let chunk = Route::Chunk { upload, offset: 0 }.path();
+    assert_eq!(request(nimbus.addr, "POST", &chunk, &auth, file.as_bytes()).await.status, 200);
+    let finish = body(&FinishUpload { sha256: sha256_hex(file.as_bytes()) });
+    assert_eq!(
+        request(nimbus.addr, "POST", &Route::FinishUpload(upload).path(), &auth, &finish).await.status,
+        200
+    );
+    let submitted = request(nimbus.addr, "POST", &Route::Submit.path(), &auth, &body(&submit(upload))).await;
+    assert_eq!(submitted.status, 201, "{}", String::from_utf8_lossy(&submitted.body));
+    let id: TopologyId = submitted.decode::<Submitted>().id;
+
+    // Code files: the user's program and a file with credentials. No token, no code; a wrong
+    // token or an unknown file name gets no further.
+    for file in [CodeFile::Topology, CodeFile::Secret, CodeFile::WorkerBinary] {
+        let path = Route::Code(id.clone(), file).path();
+        request(nimbus.addr, "GET", &path, &[], b"").await.assert_error(401, "Authorization: Bearer");
+        request(nimbus.addr, "GET", &path, &[("Authorization", "Bearer nope")], b"")
+            .await
+            .assert_error(401, "wrong");
+    }
+    let unknown = format!("{}/topology/{id}/code/passwd", API_PREFIX);
+    assert_eq!(request(nimbus.addr, "GET", &unknown, &[], b"").await.status, 401);
+    let topology = Route::Code(id.clone(), CodeFile::Topology).path();
+    let served = request(nimbus.addr, "GET", &topology, &auth, b"").await;
+    assert_eq!((served.status, served.body.as_slice()), (200, file.as_bytes()), "token holders get it whole");
+
+    // A component's error quoting the password (written by a worker that did not know it was
+    // one) comes back redacted.
+    let paths = StormPaths::default();
+    let info = ErrorInfo {
+        error: "SASL authentication failed for user alice password hunter2-pw".into(),
+        time_secs: now_secs(),
+        host: "h".into(),
+        port: 6700,
+    };
+    let error_path = paths.error_sequential_prefix(&id, &comp("in"));
+    nimbus
+        .session()
+        .create(&error_path, &info.encode(), CreateMode::PersistentSequential.with_parents())
+        .await
+        .unwrap();
+    let mut answers = Vec::new();
+    for route in [
+        Route::TopologyErrors(id.clone()),
+        Route::Topology(id.clone()),
+        Route::TopologySummary,
+        Route::ClusterSummary,
+    ] {
+        let reply = nimbus.call(&route, b"").await;
+        assert_eq!(reply.status, 200, "{route:?}");
+        answers.push(String::from_utf8_lossy(&reply.body).into_owned());
+    }
+    assert!(answers[0].contains("password <redacted>"), "{}", answers[0]);
+    for answer in &answers {
+        assert!(!answer.contains("hunter2-pw"), "{answer}");
+    }
+    nimbus.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bearer_scheme_is_case_insensitive() {
     let ensemble = Ensemble::in_memory();
     let dir = tempfile::tempdir().unwrap();

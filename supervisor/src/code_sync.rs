@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cluster_state::code::CodeFile;
+use cluster_state::files;
 use cluster_state::ids::TopologyId;
 use nimbus_client::{ClientError, NimbusClient, StatusCode};
 use sha2::{Digest, Sha256};
@@ -133,9 +134,9 @@ impl CodeSync {
     /// over an existing copy (moved aside first, then deleted).
     async fn fetch(&self, topology: &TopologyId, replace: bool) -> Result<PathBuf, CodeError> {
         let dir = self.topology_dir(topology);
-        tokio::fs::create_dir_all(&self.stormdist).await.map_err(io(&self.stormdist))?;
+        files::create_private_dir_all_async(&self.stormdist).await.map_err(io(&self.stormdist))?;
         let tmp = self.stormdist.join(format!("{TMP_PREFIX}{}-{}", topology, uuid::Uuid::new_v4()));
-        tokio::fs::create_dir(&tmp).await.map_err(io(&tmp))?;
+        files::create_private_dir_all_async(&tmp).await.map_err(io(&tmp))?;
         let result = self.download_all(topology, &tmp).await;
         let result = match result {
             Ok(()) if replace => self.swap_in(&tmp, &dir).await,
@@ -203,12 +204,8 @@ impl CodeSync {
             .sha256
             .take()
             .ok_or_else(|| CodeError::NoChecksum { topology: topology.clone(), file })?;
-        let mut out = tokio::fs::File::create(target).await.map_err(io(target))?;
-        if file == CodeFile::Secret {
-            // Readable by the workers' user only, before a byte of it is written.
-            use std::os::unix::fs::PermissionsExt;
-            out.set_permissions(std::fs::Permissions::from_mode(0o600)).await.map_err(io(target))?;
-        }
+        // Owner-only (the secret above all) before a byte of it is written.
+        let mut out = files::private_file_async().open(target).await.map_err(io(target))?;
         let mut hash = Sha256::new();
         while let Some(data) = download.next_chunk().await.map_err(from_client)? {
             hash.update(&data);
@@ -220,10 +217,11 @@ impl CodeSync {
             return Err(CodeError::Checksum { topology: topology.clone(), file, expected, actual });
         }
         let sum = checksum_path(target);
-        tokio::fs::write(&sum, &expected).await.map_err(io(&sum))?;
+        let mut sum_file = files::private_file_async().open(&sum).await.map_err(io(&sum))?;
+        sum_file.write_all(expected.as_bytes()).await.map_err(io(&sum))?;
         if file == CodeFile::WorkerBinary {
             use std::os::unix::fs::PermissionsExt;
-            tokio::fs::set_permissions(target, std::fs::Permissions::from_mode(0o755))
+            tokio::fs::set_permissions(target, std::fs::Permissions::from_mode(files::EXECUTABLE_MODE))
                 .await
                 .map_err(io(target))?;
         }

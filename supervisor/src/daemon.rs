@@ -10,12 +10,14 @@
 //! this machine adopts them.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use cluster_state::code::CodeFile;
-use cluster_state::coord::{self, Ensemble, Session, SessionOptions};
+use cluster_state::coord::{self, AUTH_ENV, Ensemble, Session, SessionOptions, ZkAuth};
+use cluster_state::files;
 use cluster_state::ids::{SupervisorId, TopologyId, WorkerId};
 use cluster_state::launch::WorkerLaunch;
 use cluster_state::metrics::CoordMetrics;
@@ -64,6 +66,9 @@ pub struct SupervisorConfig {
     /// Squall's: nimbus's API, `host:port`, where topology code is downloaded from.
     #[serde(rename = "nimbus.http.address")]
     pub nimbus_address: String,
+    /// Squall's: nimbus's token, which code downloads need (the same key nimbus reads).
+    #[serde(rename = "nimbus.http.token")]
+    pub nimbus_token: Option<String>,
     /// Squall's: the port of this supervisor's Prometheus `/metrics` (0: any free port; the
     /// endpoint is published in `/storm/supervisors/<id>` for discovery either way).
     #[serde(rename = "supervisor.metrics.port")]
@@ -86,6 +91,7 @@ impl Default for SupervisorConfig {
             heartbeat_frequency_secs: 5,
             worker_shutdown_sleep_secs: 3,
             nimbus_address: "127.0.0.1:8080".to_owned(),
+            nimbus_token: None,
             metrics_port: 0,
         }
     }
@@ -147,8 +153,12 @@ fn worker_spec(
     paths: &StormPaths,
     code: &CodeSync,
     program: &WorkerProgram,
+    auth: Option<&ZkAuth>,
 ) -> SpecBuilder {
     let (config, paths, code, program) = (config.clone(), paths.clone(), code.clone(), program.clone());
+    // The cluster's ZooKeeper credentials, in the environment: a command line is public.
+    let env: Vec<(OsString, OsString)> =
+        auth.map(|a| (OsString::from(AUTH_ENV), OsString::from(a.to_env_value()))).into_iter().collect();
     Arc::new(
         move |supervisor: &SupervisorId, worker_id: &WorkerId, port: u16, assignment: &LocalAssignment| {
             let dir = code.topology_dir(&assignment.topology_id);
@@ -171,7 +181,7 @@ fn worker_spec(
             WorkerSpec {
                 program: if own_binary.is_file() { own_binary } else { program.squall.clone() },
                 launch,
-                env: Vec::new(),
+                env: env.clone(),
                 dir: config.local_dir.clone(),
                 log_path: logs.join(format!("worker-{port}-{worker_id}.log")),
             }
@@ -222,11 +232,14 @@ pub async fn run(
     let metrics = SupervisorMetrics::register(registry).map_err(metrics_error)?;
     cluster_state::metrics::register_daemon_info(registry, "supervisor").map_err(metrics_error)?;
     let coord_metrics = CoordMetrics::register(registry).map_err(metrics_error)?;
-    std::fs::create_dir_all(config.local_dir.join("logs")).map_err(|e| SupervisorError::Config {
-        key: "storm.local.dir",
-        reason: format!("cannot create {}: {e}", config.local_dir.join("logs").display()),
-    })?;
-    let code = CodeSync::new(config.nimbus_address.clone(), &config.local_dir);
+    for dir in [config.local_dir.clone(), config.local_dir.join("logs")] {
+        files::create_private_dir_all(&dir).map_err(|e| SupervisorError::Config {
+            key: "storm.local.dir",
+            reason: format!("cannot create {}: {e}", dir.display()),
+        })?;
+    }
+    let mut code = CodeSync::new(config.nimbus_address.clone(), &config.local_dir);
+    code.nimbus.token = config.nimbus_token.clone();
     let timeouts = WorkerTimeouts {
         heartbeat_secs: config.worker_timeout_secs,
         start_secs: config.worker_start_timeout_secs,
@@ -234,7 +247,7 @@ pub async fn run(
     let mut process = ProcessTask::open(
         &config.local_dir,
         launcher,
-        worker_spec(&config, &paths, &code, &program),
+        worker_spec(&config, &paths, &code, &program, ensemble.security().auth.as_ref()),
         timeouts,
         Duration::from_secs(config.worker_shutdown_sleep_secs),
     )?;
@@ -466,7 +479,7 @@ mod tests {
         let paths = config.validate().unwrap();
         let code = CodeSync::new("127.0.0.1:1", &config.local_dir);
         let program = WorkerProgram { squall: "/usr/bin/squall".into(), zookeeper: Some("zk1:2181".into()) };
-        let build = worker_spec(&config, &paths, &code, &program);
+        let build = worker_spec(&config, &paths, &code, &program, None);
         let assignment =
             LocalAssignment { topology_id: "wc-1-1700000000".parse().unwrap(), executors: BTreeSet::new() };
         let (supervisor, worker) = ("sup-1".parse().unwrap(), "w-1".parse().unwrap());

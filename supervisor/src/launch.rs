@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
@@ -134,7 +134,7 @@ impl ProcessLauncher {
 
 impl Launcher for ProcessLauncher {
     fn launch(&self, spec: &WorkerSpec) -> Result<u32, LaunchError> {
-        let log = OpenOptions::new().create(true).append(true).open(&spec.log_path).map_err(|source| {
+        let log = cluster_state::files::private_append().open(&spec.log_path).map_err(|source| {
             LaunchError::Log { worker_id: spec.worker_id(), path: spec.log_path.clone(), source }
         })?;
         let stderr = log.try_clone().map_err(|source| LaunchError::Log {

@@ -14,7 +14,7 @@
 //! {"supervisor_id":"...","workers":{}}
 //! ```
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
@@ -86,7 +86,7 @@ impl LocalState {
         tmp.push(format!(".tmp-{}", std::process::id()));
         let tmp = PathBuf::from(tmp);
         let written = (|| {
-            let mut file = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+            let mut file = cluster_state::files::private_file().open(&tmp)?;
             writeln!(file, "{MAGIC} len={} crc32={:08x}", body.len(), crc32fast::hash(&body))?;
             file.write_all(&body)?;
             file.sync_all()?;

@@ -186,7 +186,8 @@ impl ProcessTask {
         shutdown_grace: Duration,
     ) -> Result<Self, ProcessError> {
         let dir = local_dir.join("supervisor");
-        std::fs::create_dir_all(&dir).map_err(|source| LocalStateError::Io { path: dir.clone(), source })?;
+        cluster_state::files::create_private_dir_all(&dir)
+            .map_err(|source| LocalStateError::Io { path: dir.clone(), source })?;
         let id_file = LocalState::new(dir.join(ID_FILE));
         let file = LocalState::new(dir.join(STATE_FILE));
         let stored_id = load_or_set_aside::<IdRecord>(&id_file)?.0.map(|r| r.supervisor_id);

@@ -29,13 +29,25 @@ async fn install(nimbus_dir: &Path, topology: &TopologyId, file: CodeFile, bytes
 /// A nimbus serving `local_dir`'s code on a free port; stops when the token is cancelled. The
 /// `topologies` get a base record, or nimbus's cleanup would remove their code as orphans.
 async fn nimbus(local_dir: &Path, topologies: &[&TopologyId]) -> (String, CancellationToken) {
+    nimbus_with_token(local_dir, topologies, None).await
+}
+
+async fn nimbus_with_token(
+    local_dir: &Path,
+    topologies: &[&TopologyId],
+    token: Option<&str>,
+) -> (String, CancellationToken) {
     let ensemble = Ensemble::in_memory();
     let session = ensemble.connect(&SessionOptions::default()).await.unwrap();
     for id in topologies {
         let path = StormPaths::default().storm(id);
         session.create(&path, b"{}", CreateMode::Persistent.with_parents()).await.unwrap();
     }
-    let config = NimbusConfig { local_dir: local_dir.to_path_buf(), ..NimbusConfig::default() };
+    let config = NimbusConfig {
+        local_dir: local_dir.to_path_buf(),
+        http_token: token.map(str::to_owned),
+        ..NimbusConfig::default()
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let shutdown = CancellationToken::new();
@@ -67,7 +79,8 @@ async fn downloads_checks_reuses_and_cleans_up() {
     assert_eq!(std::fs::read(dir.join("topology.yaml")).unwrap(), YAML);
     assert_eq!(std::fs::read(dir.join("worker")).unwrap(), binary);
     use std::os::unix::fs::PermissionsExt;
-    assert_eq!(std::fs::metadata(dir.join("worker")).unwrap().permissions().mode() & 0o111, 0o111);
+    // The owner runs it; nobody else reads the user's code.
+    assert_eq!(std::fs::metadata(dir.join("worker")).unwrap().permissions().mode() & 0o777, 0o700);
     // The workers' secret: the same bytes, readable by the supervisor's user only.
     assert_eq!(std::fs::read(dir.join("topology.secret")).unwrap(), secret);
     assert_eq!(std::fs::metadata(dir.join("topology.secret")).unwrap().permissions().mode() & 0o777, 0o600);
@@ -94,6 +107,67 @@ async fn downloads_checks_reuses_and_cleans_up() {
     let removed = sync.remove_stale(&BTreeSet::from([wc.clone()]));
     assert_eq!(removed, vec![old.clone()]);
     assert!(sync.has(&wc) && !sync.has(&old));
+    shutdown.cancel();
+}
+
+/// Every file under `dir` is 0600 (a worker binary 0700), every directory 0700.
+fn assert_owner_only(dir: &Path) {
+    use cluster_state::files::mode_of;
+    assert_eq!(mode_of(dir).unwrap(), 0o700, "{}", dir.display());
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            assert_owner_only(&path);
+        } else {
+            let wanted = if path.file_name().is_some_and(|n| n == "worker") { 0o700 } else { 0o600 };
+            assert_eq!(mode_of(&path).unwrap(), wanted, "{}", path.display());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn code_needs_nimbus_token_and_lands_owner_only_on_both_sides() {
+    let nimbus_local = tempfile::tempdir().unwrap();
+    let supervisor_local = tempfile::tempdir().unwrap();
+    let wc: TopologyId = "wc-1-1700000000".parse().unwrap();
+    let nimbus_dir = nimbus_local.path().join("nimbus");
+    install(
+        &nimbus_dir,
+        &wc,
+        CodeFile::Topology,
+        b"name: wc
+spouts: []
+sasl.password: hunter22
+",
+    )
+    .await;
+    install(&nimbus_dir, &wc, CodeFile::WorkerBinary, &[1u8; 1000]).await;
+    let store = CodeStore::open(&nimbus_dir, CodeStoreLimits::default()).await.unwrap();
+    store.install_secret(&wc).await.unwrap();
+    let (addr, shutdown) = nimbus_with_token(nimbus_local.path(), &[&wc], Some("s3cret")).await;
+
+    // Without the token (or with a wrong one): 401, and nothing is left behind.
+    let mut sync = CodeSync::new(addr, supervisor_local.path());
+    for token in [None, Some("wrong".to_owned())] {
+        sync.nimbus.token = token;
+        let err = sync.ensure(&wc).await.unwrap_err();
+        assert!(matches!(err, CodeError::Status { status, .. } if status == 401), "{err}");
+        assert!(!sync.has(&wc));
+    }
+    sync.nimbus.token = Some("s3cret".into());
+    let dir = sync.ensure(&wc).await.unwrap();
+    assert!(dir.join("worker").exists() && dir.join("topology.secret").exists());
+    assert_owner_only(&sync.stormdist);
+    // nimbus's copies (and its inbox) too; the worker binary is not run there: 0600.
+    use cluster_state::files::mode_of;
+    assert_eq!(mode_of(&nimbus_dir).unwrap(), 0o700);
+    for file in ["topology.yaml", "topology.yaml.sha256", "worker", "topology.secret"] {
+        let path = nimbus_dir.join("stormdist").join(wc.as_str()).join(file);
+        assert_eq!(mode_of(&path).unwrap(), 0o600, "{}", path.display());
+    }
+    for dir in ["inbox", "stormdist"] {
+        assert_eq!(mode_of(&nimbus_dir.join(dir)).unwrap(), 0o700, "{dir}");
+    }
     shutdown.cancel();
 }
 

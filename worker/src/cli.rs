@@ -36,7 +36,7 @@
 use std::path::PathBuf;
 
 use cluster_state::code::CodeFile;
-use cluster_state::coord::Ensemble;
+use cluster_state::coord::{AUTH_ENV, Ensemble, Security, ZkAuth};
 use cluster_state::ids::{SupervisorId, TopologyId};
 use cluster_state::launch::{self, WorkerId, WorkerLaunch};
 use cluster_state::paths::StormPaths;
@@ -151,7 +151,10 @@ pub fn prepare(launch: WorkerLaunch, registry: &Registry) -> Result<PreparedWork
 pub fn execute(cmd: WorkerCommand, registry: &Registry, metrics: &prometheus::Registry) -> Result<()> {
     // Everything is validated (by the parse and the topology load) before binding or connecting.
     let launch = WorkerLaunch::from(cmd);
-    let ensemble = Ensemble::zookeeper(launch.zookeeper_connect());
+    // The supervisor passes the cluster's ZooKeeper credentials in the environment.
+    let auth = ZkAuth::from_env().map_err(|reason| Error::BadConfig { key: AUTH_ENV, reason })?;
+    let security = Security::new(auth, launch.storm_paths.root());
+    let ensemble = Ensemble::zookeeper(launch.zookeeper_connect()).with_security(security);
     let worker = prepare(launch, registry)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -159,6 +159,8 @@ impl Registry {
 
     /// Loads a topology from YAML text.
     pub fn load_str(&self, text: &str) -> Result<Topology> {
+        // Before anything can quote the file: this process's errors and logs hide its secrets.
+        cluster_state::secrets::remember(&cluster_state::secrets::Redactor::from_flux(text));
         let file: FluxFile = serde_yaml_ng::from_str(text).map_err(|e| {
             let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
             Error::Yaml { file: None, line, column, message: e.to_string() }

@@ -100,9 +100,11 @@ pub struct WorkerArgs {
 /// a temp file, then a rename, so the supervisor never reads half a beat.
 pub fn write_local_heartbeat(path: &Path, beat: &LocalWorkerHeartbeat) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    cluster_state::files::create_private_dir_all(dir)
+        .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, beat.encode()).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
+    cluster_state::files::write_private(&tmp, &beat.encode())
+        .map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(format!("rename to {}", path.display()), e))
 }
 
@@ -497,7 +499,9 @@ async fn run_session(
             _ = fired(&mut base_watch) => { base_watch = None; reconcile = true; }
             Some(report) = err_rx.recv() => {
                 if throttle.allow(&report.component, Instant::now()) {
-                    let info = ErrorInfo { error: report.error, time_secs: now_secs(), host: args.hostname.clone(), port: args.port };
+                    // A component's error may quote its params (`squall errors` shows it).
+                    let error = cluster_state::secrets::redact_known(&report.error).into_owned();
+                    let info = ErrorInfo { error, time_secs: now_secs(), host: args.hostname.clone(), port: args.port };
                     if let Err(e) = report_error(session, paths, id, &report.component, &info, config.errors_kept).await {
                         tracing::warn!(error = %e, "cannot report an error to ZooKeeper");
                     }

@@ -35,6 +35,7 @@ use consumer_registry::admin::{Admin, PartitionState, export_lines};
 use kafka_spout::OffsetsStorage;
 
 use crate::config::ClusterConfig;
+use cluster_state::coord::Security;
 
 mod kafka;
 mod reset;
@@ -276,7 +277,11 @@ pub fn execute(cmd: OffsetsCommand) -> Result<(), String> {
 pub(crate) async fn session(connection: &Connection) -> Result<cluster_state::coord::Session, String> {
     let zookeeper = connection.zookeeper()?;
     let options = SessionOptions { connect_timeout: Duration::from_secs(10), ..Default::default() };
+    // The registry's nodes are written with the cluster's identity (readable by anyone).
+    let config = ClusterConfig::load(connection.config.as_deref())?;
+    let security = Security::new(config.zookeeper_auth()?, cluster_state::paths::StormPaths::DEFAULT_ROOT);
     Ensemble::zookeeper(zookeeper.clone())
+        .with_security(security)
         .connect(&options)
         .await
         .map_err(|e| format!("cannot connect to ZooKeeper at {zookeeper}: {e} (pass --zookeeper)"))

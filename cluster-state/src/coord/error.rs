@@ -25,6 +25,16 @@ pub enum Error {
     /// (different data) in ours.
     #[error("znode {path} is held by session {owner} (data {data:?})")]
     HeldByOther { path: String, owner: SessionId, data: String },
+    /// The node's ACL does not let this session's identities do this (ZooKeeper's `NoAuth`):
+    /// a client without the cluster's credentials, or with other ones.
+    #[error(
+        "not allowed to access znode {path}: its ACL does not grant this session's identity (check storm.zookeeper.auth.scheme / storm.zookeeper.auth.payload)"
+    )]
+    NoAuth { path: String },
+    /// A create asked for an ACL the server cannot apply (ZooKeeper's `InvalidACL`), e.g.
+    /// creator-only on a session that is not authenticated.
+    #[error("znode {path} cannot be created with the ACL asked for: {reason}")]
+    InvalidAcl { path: String, reason: String },
     /// The path is not a valid ZooKeeper path.
     #[error("invalid znode path {path:?}: {reason}")]
     InvalidPath { path: String, reason: &'static str },
@@ -75,6 +85,8 @@ impl Error {
             | Error::NotEmpty { .. }
             | Error::NoChildrenForEphemerals { .. }
             | Error::HeldByOther { .. }
+            | Error::NoAuth { .. }
+            | Error::InvalidAcl { .. }
             | Error::Decode(_) => true,
             Error::MultiFailed { source, .. } => source.is_server_answer(),
             Error::InvalidPath { .. }
@@ -100,6 +112,8 @@ impl Error {
             | Error::NotEmpty { path }
             | Error::NoChildrenForEphemerals { path }
             | Error::HeldByOther { path, .. }
+            | Error::NoAuth { path }
+            | Error::InvalidAcl { path, .. }
             | Error::InvalidPath { path, .. } => Some(path),
             Error::ConnectionLoss { path } | Error::SessionExpired { path } | Error::Backend { path, .. } => {
                 path.as_deref()

@@ -10,7 +10,12 @@
 //! - one-shot watches with ZooKeeper's trigger rules (data: changed or deleted; exists: also
 //!   created; children: child added or removed, or the node deleted), fired after the whole
 //!   transaction; events for a disconnected session are held back until it reconnects;
-//! - multi: all or nothing, through an undo log.
+//! - multi: all or nothing, through an undo log;
+//! - ACLs as ZooKeeper checks them: a session authenticated with `digest` credentials has the
+//!   identity `digest:<user>:<hash of the payload>` (ZooKeeper's is a SHA-1 of it; only equality
+//!   matters here), a node created by it gets the ACL `security.rs` decides for its path, and
+//!   get / children need `READ`, set `WRITE`, create and delete `CREATE` / `DELETE` on the
+//!   parent, a multi's check `READ`; `exists` is never refused; the root is open to all.
 //!
 //! Time is `tokio::time`, so tests may pause it.
 
@@ -22,8 +27,8 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 
 use super::{
-    CreateMode, Credentials, Error, Op, OpResult, Result, SessionCredentials, SessionId, SessionOptions,
-    SessionState, Stat, Watch, WatchEvent, parent,
+    CreateMode, Credentials, Error, NodeAcl, Op, OpResult, Result, Security, SessionCredentials, SessionId,
+    SessionOptions, SessionState, Stat, Watch, WatchEvent, parent,
 };
 
 /// Bounds ZooKeeper puts on negotiated session timeouts with its default tick of 2 s are 4 s and
@@ -31,10 +36,93 @@ use super::{
 const MIN_SESSION_TIMEOUT: Duration = Duration::from_millis(10);
 const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(3600);
 
-/// An in-process ensemble. Clones share the same tree and sessions.
+/// An in-process ensemble. Clones share the same tree and sessions; each handle has its own
+/// credentials ([`MemoryEnsemble::with_security`]), as two clients of one server do.
 #[derive(Clone, Default)]
 pub struct MemoryEnsemble {
     tree: Arc<Mutex<Tree>>,
+    security: Security,
+}
+
+/// ZooKeeper's permission bits.
+mod perm {
+    pub const READ: u32 = 1;
+    pub const WRITE: u32 = 2;
+    pub const CREATE: u32 = 4;
+    pub const DELETE: u32 = 8;
+    pub const ALL: u32 = 31;
+}
+
+/// An authenticated identity, `(scheme, id)`.
+type Identity = (String, String);
+
+/// One ACL entry: who (`world:anyone` or an identity) may do what.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct AclEntry {
+    perms: u32,
+    identity: Identity,
+}
+
+fn anyone() -> Identity {
+    ("world".to_owned(), "anyone".to_owned())
+}
+
+/// Whether `ids` (or anyone) hold `wanted` on a node with `acl`.
+fn allowed(acl: &[AclEntry], ids: &[Identity], wanted: u32) -> bool {
+    acl.iter().any(|e| e.perms & wanted == wanted && (e.identity == anyone() || ids.contains(&e.identity)))
+}
+
+/// What a session may do and the ACL it gives the nodes it creates.
+struct Access<'a> {
+    ids: &'a [Identity],
+    security: &'a Security,
+}
+
+impl Access<'_> {
+    /// Fails with `NoAuth` on `path` unless `node`'s ACL grants `wanted`.
+    fn check(&self, node: &Node, wanted: u32, path: &str) -> Result<()> {
+        if allowed(&node.acl, self.ids, wanted) {
+            Ok(())
+        } else {
+            Err(Error::NoAuth { path: path.to_owned() })
+        }
+    }
+
+    /// The ACL of a node this session creates at `path`.
+    fn new_acl(&self, path: &str) -> Result<Vec<AclEntry>> {
+        let creators = || -> Result<Vec<AclEntry>> {
+            if self.ids.is_empty() {
+                return Err(Error::InvalidAcl {
+                    path: path.to_owned(),
+                    reason: "creator-only for a session that is not authenticated".into(),
+                });
+            }
+            Ok(self.ids.iter().map(|id| AclEntry { perms: perm::ALL, identity: id.clone() }).collect())
+        };
+        Ok(match self.security.acl_for(path) {
+            NodeAcl::Open => vec![AclEntry { perms: perm::ALL, identity: anyone() }],
+            NodeAcl::Private => creators()?,
+            NodeAcl::WorldReadable => {
+                let mut acl = creators()?;
+                acl.push(AclEntry { perms: perm::READ, identity: anyone() });
+                acl
+            }
+        })
+    }
+}
+
+/// The identities a session with `security`'s credentials holds.
+fn identities(security: &Security) -> Vec<Identity> {
+    security
+        .auth
+        .iter()
+        .map(|auth| {
+            // Deterministic (SipHash with fixed keys): equal credentials, equal identity.
+            let hash =
+                std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default().hash_one(auth.payload());
+            (auth.scheme().to_owned(), format!("{}:{hash:016x}", auth.user()))
+        })
+        .collect()
 }
 
 impl std::fmt::Debug for MemoryEnsemble {
@@ -62,14 +150,15 @@ struct Tree {
 struct Node {
     data: Vec<u8>,
     stat: Stat,
+    acl: Vec<AclEntry>,
     children: BTreeSet<String>,
     /// Children ever created: the next sequential suffix.
     child_creates: i32,
 }
 
 impl Node {
-    fn new(data: Vec<u8>, stat: Stat) -> Self {
-        Node { data, stat, children: BTreeSet::new(), child_creates: 0 }
+    fn new(data: Vec<u8>, stat: Stat, acl: Vec<AclEntry>) -> Self {
+        Node { data, stat, acl, children: BTreeSet::new(), child_creates: 0 }
     }
 
     /// Updates the child counters after a child was added or removed.
@@ -103,8 +192,21 @@ impl MemoryEnsemble {
     /// A fresh ensemble holding only the root node `/`.
     pub fn new() -> Self {
         let mut tree = Tree::default();
-        tree.nodes.insert("/".to_owned(), Node::new(Vec::new(), Stat::default()));
-        MemoryEnsemble { tree: Arc::new(Mutex::new(tree)) }
+        // ZooKeeper's root is open to all.
+        let open = vec![AclEntry { perms: perm::ALL, identity: anyone() }];
+        tree.nodes.insert("/".to_owned(), Node::new(Vec::new(), Stat::default(), open));
+        MemoryEnsemble { tree: Arc::new(Mutex::new(tree)), security: Security::default() }
+    }
+
+    /// A handle on the same tree whose sessions authenticate and create nodes as `security`
+    /// says.
+    pub fn with_security(&self, security: Security) -> MemoryEnsemble {
+        MemoryEnsemble { tree: self.tree.clone(), security }
+    }
+
+    /// The credentials and ACL policy of this handle's sessions.
+    pub fn security(&self) -> &Security {
+        &self.security
     }
 
     fn lock(&self) -> MutexGuard<'_, Tree> {
@@ -131,6 +233,7 @@ impl MemoryEnsemble {
             timeout,
             detached: options.detached,
             state: receiver,
+            ids: identities(&self.security),
         })
     }
 
@@ -156,6 +259,7 @@ impl MemoryEnsemble {
             timeout,
             detached: options.detached,
             state,
+            ids: identities(&self.security),
         })
     }
 
@@ -235,7 +339,7 @@ impl MemoryEnsemble {
             let mut txn = Txn::new(&mut tree);
             for path in &ephemerals {
                 // Ephemerals have no children, so these deletes cannot fail.
-                let _ = txn.delete(path, None);
+                let _ = txn.delete(path, None, None);
             }
             let events = txn.commit();
             tree.fire(events);
@@ -349,10 +453,19 @@ impl<'a> Txn<'a> {
         self.tree.nodes.get(path).ok_or_else(|| Error::NoNode { path: path.to_owned() })
     }
 
-    fn create(&mut self, path: &str, data: &[u8], mode: CreateMode, session: i64) -> Result<String> {
+    fn create(
+        &mut self,
+        path: &str,
+        data: &[u8],
+        mode: CreateMode,
+        session: i64,
+        access: &Access<'_>,
+    ) -> Result<String> {
         let parent_path = parent(path).ok_or_else(|| Error::NodeExists { path: path.to_owned() })?;
         // ZooKeeper names the path being created when its parent is missing.
         let parent_node = self.node(parent_path).map_err(|_| Error::NoNode { path: path.to_owned() })?;
+        access.check(parent_node, perm::CREATE, path)?;
+        let acl = access.new_acl(path)?;
         if parent_node.stat.ephemeral_owner.is_some() {
             return Err(Error::NoChildrenForEphemerals { path: path.to_owned() });
         }
@@ -385,14 +498,15 @@ impl<'a> Txn<'a> {
             data_length: data.len() as i32,
             num_children: 0,
         };
-        self.tree.nodes.insert(actual.clone(), Node::new(data.to_vec(), stat));
+        self.tree.nodes.insert(actual.clone(), Node::new(data.to_vec(), stat, acl));
         self.events.push(TreeEvent::Created(actual.clone()));
         self.events.push(TreeEvent::ChildrenChanged(parent_path.to_owned()));
         Ok(actual)
     }
 
-    fn set(&mut self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
+    fn set(&mut self, path: &str, data: &[u8], version: Option<i32>, access: &Access<'_>) -> Result<Stat> {
         let node = self.node(path)?;
+        access.check(node, perm::WRITE, path)?;
         check_version(path, node.stat.version, version)?;
         self.save(path);
         let (zxid, time_ms) = (self.zxid, self.time_ms);
@@ -407,12 +521,16 @@ impl<'a> Txn<'a> {
         Ok(stat)
     }
 
-    fn delete(&mut self, path: &str, version: Option<i32>) -> Result<()> {
+    fn delete(&mut self, path: &str, version: Option<i32>, access: Option<&Access<'_>>) -> Result<()> {
         let node = self.node(path)?;
         let parent_path = parent(path).ok_or_else(|| Error::Backend {
             path: Some(path.to_owned()),
             message: "the root node cannot be deleted".into(),
         })?;
+        // `None`: the server itself (an ended session's ephemerals).
+        if let Some(access) = access {
+            access.check(self.node(parent_path)?, perm::DELETE, path)?;
+        }
         check_version(path, node.stat.version, version)?;
         if !node.children.is_empty() {
             return Err(Error::NotEmpty { path: path.to_owned() });
@@ -430,8 +548,10 @@ impl<'a> Txn<'a> {
         Ok(())
     }
 
-    fn check(&self, path: &str, version: i32) -> Result<()> {
-        check_version(path, self.node(path)?.stat.version, Some(version))
+    fn check(&self, path: &str, version: i32, access: &Access<'_>) -> Result<()> {
+        let node = self.node(path)?;
+        access.check(node, perm::READ, path)?;
+        check_version(path, node.stat.version, Some(version))
     }
 
     /// Keeps the changes and returns the events to fire.
@@ -469,6 +589,8 @@ pub(super) struct MemSession {
     detached: bool,
     /// The session's state; it keeps the last (terminal) state once the session is gone.
     state: watch::Receiver<SessionState>,
+    /// Who the session authenticated as.
+    ids: Vec<Identity>,
 }
 
 impl std::fmt::Debug for MemSession {
@@ -519,14 +641,19 @@ impl MemSession {
         }
     }
 
+    fn access(&self) -> Access<'_> {
+        Access { ids: &self.ids, security: &self.ensemble.security }
+    }
+
     pub(super) fn create_node(&self, path: &str, data: &[u8], mode: CreateMode) -> Result<String> {
-        self.write(path, |txn| txn.create(path, data, mode, self.id))
+        self.write(path, |txn| txn.create(path, data, mode, self.id, &self.access()))
     }
 
     pub(super) fn get(&self, path: &str) -> Result<(Vec<u8>, Stat)> {
         let tree = self.ensemble.lock();
         tree.check_session(self.id, path)?;
         let node = tree.nodes.get(path).ok_or_else(|| Error::NoNode { path: path.to_owned() })?;
+        self.access().check(node, perm::READ, path)?;
         Ok((node.data.clone(), node.stat))
     }
 
@@ -534,23 +661,25 @@ impl MemSession {
         let mut tree = self.ensemble.lock();
         tree.check_session(self.id, path)?;
         let node = tree.nodes.get(path).ok_or_else(|| Error::NoNode { path: path.to_owned() })?;
+        self.access().check(node, perm::READ, path)?;
         let (data, stat) = (node.data.clone(), node.stat);
         let watch = Tree::add_watch(&mut tree.data_watches, path, self.id);
         Ok((data, stat, watch))
     }
 
     pub(super) fn set(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
-        self.write(path, |txn| txn.set(path, data, version))
+        self.write(path, |txn| txn.set(path, data, version, &self.access()))
     }
 
     pub(super) fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
-        self.write(path, |txn| txn.delete(path, version))
+        self.write(path, |txn| txn.delete(path, version, Some(&self.access())))
     }
 
     pub(super) fn children(&self, path: &str) -> Result<Vec<String>> {
         let tree = self.ensemble.lock();
         tree.check_session(self.id, path)?;
         let node = tree.nodes.get(path).ok_or_else(|| Error::NoNode { path: path.to_owned() })?;
+        self.access().check(node, perm::READ, path)?;
         Ok(node.children.iter().cloned().collect())
     }
 
@@ -558,6 +687,7 @@ impl MemSession {
         let mut tree = self.ensemble.lock();
         tree.check_session(self.id, path)?;
         let node = tree.nodes.get(path).ok_or_else(|| Error::NoNode { path: path.to_owned() })?;
+        self.access().check(node, perm::READ, path)?;
         let children = node.children.iter().cloned().collect();
         let watch = Tree::add_watch(&mut tree.child_watches, path, self.id);
         Ok((children, watch))
@@ -579,18 +709,23 @@ impl MemSession {
 
     pub(super) fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
         let first = ops.first().map(Op::path).unwrap_or("/");
+        let access = self.access();
         self.write(first, |txn| {
             let mut results = Vec::with_capacity(ops.len());
             for (index, op) in ops.iter().enumerate() {
                 let result = match op {
                     Op::Create { path, data, mode } => {
-                        txn.create(path, data, *mode, self.id).map(|path| OpResult::Created { path })
+                        txn.create(path, data, *mode, self.id, &access).map(|path| OpResult::Created { path })
                     }
                     Op::SetData { path, data, version } => {
-                        txn.set(path, data, *version).map(|stat| OpResult::DataSet { stat })
+                        txn.set(path, data, *version, &access).map(|stat| OpResult::DataSet { stat })
                     }
-                    Op::Delete { path, version } => txn.delete(path, *version).map(|()| OpResult::Deleted),
-                    Op::Check { path, version } => txn.check(path, *version).map(|()| OpResult::Checked),
+                    Op::Delete { path, version } => {
+                        txn.delete(path, *version, Some(&access)).map(|()| OpResult::Deleted)
+                    }
+                    Op::Check { path, version } => {
+                        txn.check(path, *version, &access).map(|()| OpResult::Checked)
+                    }
                 };
                 results.push(result.map_err(|e| Error::MultiFailed { index, source: Box::new(e) })?);
             }

@@ -25,7 +25,11 @@
 //!   [`SessionOptions::detached`]: then it lives on until it times out, like the session of a
 //!   process that was killed, and [`Ensemble::resume`] can pick it up again.
 //!
-//! Layout: `error.rs` (the error enum), `memory.rs` (in-memory backend), `zookeeper.rs` (real
+//! - With credentials ([`Ensemble::with_security`]) a session authenticates and the nodes it
+//!   creates get ACLs by where they are (`security.rs`): Storm's layout private, the Kafka
+//!   registry world-readable; a call the ACL refuses fails with [`Error::NoAuth`].
+//!
+//! Layout: `error.rs` (the error enum), `security.rs` (credentials and the ACL policy), `memory.rs` (in-memory backend), `zookeeper.rs` (real
 //! ZooKeeper backend), `lease.rs` (the lease clock and a session's confirmations), `recipes.rs`
 //! (what is built on top of the backends: parent creation, decoding reads, set-or-create,
 //! recursive delete, children-or-empty, checked ephemerals), this file (the shared types and the
@@ -35,6 +39,7 @@ mod error;
 mod lease;
 mod memory;
 mod recipes;
+mod security;
 mod zookeeper;
 
 use std::fmt;
@@ -47,6 +52,7 @@ pub use self::error::{Error, Result};
 use self::lease::Confirmations;
 pub use self::lease::LeaseInstant;
 pub use self::memory::MemoryEnsemble;
+pub use self::security::{AUTH_ENV, NodeAcl, Security, ZkAuth};
 
 /// A ZooKeeper session id, as the server assigns it (shown in hex, like ZooKeeper's logs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -294,16 +300,33 @@ pub enum EphemeralClaim {
 /// Where sessions come from: a ZooKeeper ensemble or an in-memory one.
 #[derive(Clone, Debug)]
 pub enum Ensemble {
-    /// A ZooKeeper connect string: `host:port[,host:port...][/chroot]`.
-    ZooKeeper { connect_string: String },
-    /// An in-process ensemble; clones share one tree.
+    /// A ZooKeeper connect string: `host:port[,host:port...][/chroot]`, and the credentials and
+    /// ACL policy of its sessions.
+    ZooKeeper { connect_string: String, security: Security },
+    /// An in-process ensemble; clones share one tree (each clone with its own credentials).
     Memory(MemoryEnsemble),
 }
 
 impl Ensemble {
-    /// A real ZooKeeper ensemble.
+    /// A real ZooKeeper ensemble (no credentials: see [`Ensemble::with_security`]).
     pub fn zookeeper(connect_string: impl Into<String>) -> Self {
-        Ensemble::ZooKeeper { connect_string: connect_string.into() }
+        Ensemble::ZooKeeper { connect_string: connect_string.into(), security: Security::default() }
+    }
+
+    /// The same ensemble, whose sessions authenticate and create nodes as `security` says.
+    pub fn with_security(self, security: Security) -> Self {
+        match self {
+            Ensemble::ZooKeeper { connect_string, .. } => Ensemble::ZooKeeper { connect_string, security },
+            Ensemble::Memory(memory) => Ensemble::Memory(memory.with_security(security)),
+        }
+    }
+
+    /// The credentials and ACL policy of this ensemble's sessions.
+    pub fn security(&self) -> &Security {
+        match self {
+            Ensemble::ZooKeeper { security, .. } => security,
+            Ensemble::Memory(memory) => memory.security(),
+        }
     }
 
     /// A fresh, empty in-memory ensemble.
@@ -315,9 +338,9 @@ impl Ensemble {
     pub async fn connect(&self, options: &SessionOptions) -> Result<Session> {
         let sent = LeaseInstant::now();
         let backend = match self {
-            Ensemble::ZooKeeper { connect_string } => {
-                Backend::ZooKeeper(zookeeper::ZkSession::connect(connect_string, options, None).await?)
-            }
+            Ensemble::ZooKeeper { connect_string, security } => Backend::ZooKeeper(
+                zookeeper::ZkSession::connect(connect_string, options, None, security).await?,
+            ),
             Ensemble::Memory(ensemble) => Backend::Memory(ensemble.connect(options)?),
         };
         Ok(Session { backend, metrics: None, confirmations: Confirmations::established(sent) })
@@ -332,9 +355,12 @@ impl Ensemble {
     ) -> Result<Session> {
         let sent = LeaseInstant::now();
         let backend = match (self, &credentials.0) {
-            (Ensemble::ZooKeeper { connect_string }, Credentials::ZooKeeper(info)) => Backend::ZooKeeper(
-                zookeeper::ZkSession::connect(connect_string, options, Some(info.clone())).await?,
-            ),
+            (Ensemble::ZooKeeper { connect_string, security }, Credentials::ZooKeeper(info)) => {
+                Backend::ZooKeeper(
+                    zookeeper::ZkSession::connect(connect_string, options, Some(info.clone()), security)
+                        .await?,
+                )
+            }
             (Ensemble::Memory(ensemble), Credentials::Memory { id, password }) => {
                 Backend::Memory(ensemble.resume(*id, *password, options)?)
             }

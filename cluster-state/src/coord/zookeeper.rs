@@ -11,17 +11,29 @@ use std::time::Duration;
 use zookeeper_client as zk;
 
 use super::{
-    CreateMode, Credentials, Error, Op, OpResult, Result, SessionCredentials, SessionId, SessionOptions,
-    SessionState, Stat, Watch, WatchEvent,
+    CreateMode, Credentials, Error, NodeAcl, Op, OpResult, Result, Security, SessionCredentials, SessionId,
+    SessionOptions, SessionState, Stat, Watch, WatchEvent,
 };
 
-/// Every node Squall creates is open to all clients, as Storm's and Kafka's are by default.
-const ACLS: zk::Acls<'static> = zk::Acls::anyone_all();
+/// Creator all, anyone read: the Kafka registry with auth (see `security.rs`).
+static WORLD_READABLE: [zk::Acl; 2] = [
+    zk::Acl::new_const(zk::Permission::ALL, "auth", ""),
+    zk::Acl::new_const(zk::Permission::READ, "world", "anyone"),
+];
+
+fn acls(acl: NodeAcl) -> zk::Acls<'static> {
+    match acl {
+        NodeAcl::Open => zk::Acls::anyone_all(),
+        NodeAcl::Private => zk::Acls::creator_all(),
+        NodeAcl::WorldReadable => zk::Acls::new(&WORLD_READABLE),
+    }
+}
 
 pub(super) struct ZkSession {
     client: zk::Client,
     connect_string: String,
     detached: bool,
+    security: Security,
 }
 
 impl std::fmt::Debug for ZkSession {
@@ -47,6 +59,11 @@ fn map_err(path: &str, expected_version: Option<i32>) -> impl FnOnce(zk::Error) 
             }
             zk::Error::SessionExpired => Error::SessionExpired { path: Some(path_owned) },
             zk::Error::ClientClosed => Error::SessionClosed,
+            zk::Error::NoAuth => Error::NoAuth { path: path_owned },
+            zk::Error::InvalidAcl => Error::InvalidAcl {
+                path: path_owned,
+                reason: "the server refused it (is the session authenticated?)".into(),
+            },
             other => Error::Backend { path: Some(path_owned), message: other.to_string() },
         }
     }
@@ -116,8 +133,13 @@ impl ZkSession {
         connect_string: &str,
         options: &SessionOptions,
         resume: Option<zk::SessionInfo>,
+        security: &Security,
     ) -> Result<Self> {
         let mut connector = zk::Client::connector().with_session_timeout(options.session_timeout);
+        if let Some(auth) = &security.auth {
+            // Sent before any request, and again after every reconnect, by zookeeper-client.
+            connector = connector.with_auth(auth.scheme(), auth.payload().as_bytes());
+        }
         if options.detached {
             connector = connector.with_detached();
         }
@@ -131,11 +153,22 @@ impl ZkSession {
             .map_err(|e| match e {
                 zk::Error::Timeout | zk::Error::NoHosts | zk::Error::ConnectionLoss => timeout.error(),
                 zk::Error::SessionExpired => Error::SessionExpired { path: None },
+                zk::Error::AuthFailed => Error::Backend {
+                    path: None,
+                    message: format!(
+                        "ZooKeeper at {connect_string} refused the credentials (storm.zookeeper.auth.*)"
+                    ),
+                },
                 other => {
                     Error::Backend { path: None, message: format!("connecting to {connect_string}: {other}") }
                 }
             })?;
-        Ok(ZkSession { client, connect_string: connect_string.to_owned(), detached: options.detached })
+        Ok(ZkSession {
+            client,
+            connect_string: connect_string.to_owned(),
+            detached: options.detached,
+            security: security.clone(),
+        })
     }
 
     pub(super) fn id(&self) -> SessionId {
@@ -172,7 +205,7 @@ impl ZkSession {
 
     pub(super) async fn create_node(&self, path: &str, data: &[u8], mode: CreateMode) -> Result<String> {
         self.ready(path)?;
-        let options = zk_mode(mode).with_acls(ACLS);
+        let options = zk_mode(mode).with_acls(acls(self.security.acl_for(path)));
         let (_, sequence) = self.client.create(path, data, &options).await.map_err(map_err(path, None))?;
         Ok(if mode.is_sequential() { format!("{path}{sequence}") } else { path.to_owned() })
     }
@@ -230,9 +263,11 @@ impl ZkSession {
         let mut writer = self.client.new_multi_writer();
         for (index, op) in ops.iter().enumerate() {
             let added = match op {
-                Op::Create { path, data, mode } => {
-                    writer.add_create(path, data, &zk_mode(*mode).with_acls(ACLS))
-                }
+                Op::Create { path, data, mode } => writer.add_create(
+                    path,
+                    data,
+                    &zk_mode(*mode).with_acls(acls(self.security.acl_for(path))),
+                ),
                 Op::SetData { path, data, version } => writer.add_set_data(path, data, *version),
                 Op::Delete { path, version } => writer.add_delete(path, *version),
                 Op::Check { path, version } => writer.add_check_version(path, *version),
@@ -277,7 +312,8 @@ impl ZkSession {
             let info = self.client.session().clone();
             drop(self.client);
             let options = SessionOptions::default();
-            let undetached = Box::pin(Self::connect(&self.connect_string, &options, Some(info))).await?;
+            let undetached =
+                Box::pin(Self::connect(&self.connect_string, &options, Some(info), &self.security)).await?;
             return Box::pin(undetached.close()).await;
         }
         let states = self.client.state_watcher();

@@ -20,9 +20,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cluster_state::coord::Ensemble;
+use cluster_state::coord::{Ensemble, Security, ZkAuth};
 use cluster_state::ids::{ConsumerId, GroupId, Topic};
-use cluster_state::paths::KafkaPaths;
+use cluster_state::paths::{KafkaPaths, StormPaths};
 use consumer_registry::{Member, MemberHandle, MemberSpec, RegistryMetrics};
 use prometheus::IntCounter;
 use tokio::sync::{Notify, mpsc};
@@ -147,7 +147,16 @@ impl KafkaSpout {
             config.topics.iter().map(|t| Ok((Topic::new(t.clone())?, 1))).collect::<Result<_>>()?;
         let ensemble = match &self.env.ensemble {
             Some(e) => e.clone(),
-            None => Ensemble::zookeeper(config.zookeeper_connect.clone()),
+            // The worker's ZooKeeper credentials (from its supervisor), so the registry nodes are
+            // the cluster's to write and world-readable for Kafka's tools.
+            None => {
+                let auth = ZkAuth::from_env().unwrap_or_else(|e| {
+                    tracing::warn!("ignoring the ZooKeeper credentials: {e}");
+                    None
+                });
+                Ensemble::zookeeper(config.zookeeper_connect.clone())
+                    .with_security(Security::new(auth, StormPaths::DEFAULT_ROOT))
+            }
         };
         let spec = MemberSpec {
             ensemble,
