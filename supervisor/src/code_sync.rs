@@ -90,6 +90,14 @@ impl CodeSync {
         }
     }
 
+    /// Code under `<local_dir>/stormdist`, fetched from whichever of the nimbuses at `seeds`
+    /// holds it (HA: a nimbus that is down or lacks the code is skipped, for up to 10 s).
+    pub fn with_seeds(seeds: Vec<String>, local_dir: &Path) -> Self {
+        let mut nimbus = NimbusClient::with_seeds(seeds, None);
+        nimbus.failover = Duration::from_secs(10);
+        CodeSync { nimbus, stormdist: local_dir.join("stormdist"), timeout: Duration::from_secs(300) }
+    }
+
     /// Where a topology's code lives here.
     pub fn topology_dir(&self, topology: &TopologyId) -> PathBuf {
         self.stormdist.join(topology.as_str())
@@ -194,8 +202,11 @@ impl CodeSync {
                 CodeError::Status { topology: topology.clone(), file, status, body: message }
             }
             ClientError::Unreachable { address, reason } => CodeError::Nimbus { nimbus: address, reason },
+            other @ ClientError::NotLeader { .. } => {
+                CodeError::Nimbus { nimbus: self.nimbus.current(), reason: other.to_string() }
+            }
             other @ ClientError::BadAnswer { .. } => {
-                CodeError::Nimbus { nimbus: self.nimbus.address.clone(), reason: other.to_string() }
+                CodeError::Nimbus { nimbus: self.nimbus.current(), reason: other.to_string() }
             }
         };
         let mut download = self.nimbus.download_code(topology, file).await.map_err(from_client)?;
