@@ -449,7 +449,11 @@ impl Assigner {
                     "no free slot for some executors; they wait for a supervisor with free ports"
                 );
             }
-            let master_code_dir = self.code.topology_dir(id).display().to_string();
+            // The code dir of the nimbus that first assigned it: every nimbus holds the code at
+            // its own dir (HA), and a new leader must not rewrite assignments for its path.
+            let master_code_dir = existing
+                .map(|a| a.master_code_dir.clone())
+                .unwrap_or_else(|| self.code.topology_dir(id).display().to_string());
             let (assignment, moved) =
                 to_assignment(&decided.assignment, existing, &live, now, master_code_dir);
             let cache_keep: BTreeSet<ExecutorId> = assignment.executors.iter().map(|e| e.executor).collect();
