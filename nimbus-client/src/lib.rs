@@ -192,7 +192,7 @@ impl NimbusClient {
                 return Err(error);
             }
             // A full round without an answer (an election under way): pause before the next.
-            if tried % self.seeds.len().max(1) == 0 {
+            if tried.is_multiple_of(self.seeds.len().max(1)) {
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
             tracing::debug!(from = %address, to = %next, "nimbus failover: {error}");
