@@ -256,6 +256,19 @@ impl ClusterConfig {
             .unwrap_or_else(|| supervisor::daemon::SupervisorConfig::default().nimbus_address))
     }
 
+    /// Every nimbus clients may call: `nimbus.seeds` (Storm's list of `host:port`), else
+    /// `nimbus.http.address`.
+    pub fn nimbus_seeds(&self) -> Result<Vec<String>, String> {
+        let seeds = self.nimbus()?.seeds;
+        if seeds.is_empty() {
+            return Ok(vec![self.nimbus_address()?]);
+        }
+        if let Some(bad) = seeds.iter().find(|s| nimbus::daemon::parse_host_port(s).is_none()) {
+            return Err(format!("{}: nimbus.seeds: {bad:?} is not host:port", self.name()));
+        }
+        Ok(seeds)
+    }
+
     /// The token for mutating calls (`nimbus.http.token`).
     pub fn nimbus_token(&self) -> Result<Option<String>, String> {
         self.string(NIMBUS_TOKEN)

@@ -68,9 +68,8 @@ pub fn nimbus(args: DaemonArgs) -> Result<(), String> {
     let config = file.nimbus()?;
     runtime()?.block_on(async {
         let shutdown = CancellationToken::new();
-        let registry = prometheus::Registry::new();
         let ensemble = file.ensemble(zookeeper, &config.zookeeper_root)?;
-        let nimbus = nimbus::run(config, ensemble, &registry, shutdown.clone());
+        let nimbus = nimbus::run_rejoining(config, ensemble, prometheus::Registry::new, shutdown.clone());
         run_until_signal(shutdown, nimbus).await.map_err(|e| e.to_string())
     })
 }

@@ -47,6 +47,8 @@ enum Command {
     Submit(ops::SubmitCommand),
     /// List the running topologies.
     List(ops::ClientArgs),
+    /// List every nimbus and which one leads.
+    NimbusSummary(ops::ClientArgs),
     /// Deactivate a topology's spouts, wait, then remove the topology.
     Kill(ops::KillCommand),
     /// Let a topology's spouts emit.
@@ -94,6 +96,7 @@ fn main() -> ExitCode {
             report("submit", components(&prometheus::Registry::new()).and_then(|c| ops::submit(cmd, &c)))
         }
         Some(Command::List(args)) => report("list", ops::list(args)),
+        Some(Command::NimbusSummary(args)) => report("nimbus-summary", ops::nimbus_summary(args)),
         Some(Command::Kill(cmd)) => report("kill", ops::kill(cmd)),
         Some(Command::Activate(cmd)) => report("activate", ops::set_active(cmd, true)),
         Some(Command::Deactivate(cmd)) => report("deactivate", ops::set_active(cmd, false)),

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 
-use cluster_state::api::{Count, RebalanceOptions, SubmitTopology, TopologySummaries};
+use cluster_state::api::{Count, NimbusSummaries, RebalanceOptions, SubmitTopology, TopologySummaries};
 use cluster_state::ids::{ComponentId, TopologyId};
 use cluster_state::structure::TopologyStructure;
 use nimbus_client::{ClientError, NimbusClient};
@@ -19,19 +19,28 @@ pub struct ClientArgs {
     /// Cluster config file (YAML, Storm's key names); nimbus is at its `nimbus.http.address`.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// nimbus's API address, overriding the config file.
-    #[arg(long, value_name = "HOST:PORT")]
+    /// nimbus's API address (or several, comma-separated: the leader is found among them),
+    /// overriding the config file's `nimbus.seeds` / `nimbus.http.address`.
+    #[arg(long, value_name = "HOST:PORT[,HOST:PORT...]")]
     pub nimbus: Option<String>,
 }
 
 impl ClientArgs {
+    /// A client of every nimbus named (`--nimbus`, else `nimbus.seeds`, else
+    /// `nimbus.http.address`), following the leader through a failover.
     pub(crate) fn client(&self) -> Result<NimbusClient, String> {
         let config = ClusterConfig::load(self.config.as_deref())?;
-        let address = match &self.nimbus {
-            Some(a) => a.clone(),
-            None => config.nimbus_address()?,
+        let seeds: Vec<String> = match &self.nimbus {
+            Some(a) => a.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect(),
+            None => config.nimbus_seeds()?,
         };
-        Ok(NimbusClient::new(address, config.nimbus_token()?))
+        if let Some(bad) = seeds.iter().find(|s| nimbus::daemon::parse_host_port(s).is_none()) {
+            return Err(format!("nimbus address {bad:?} is not host:port"));
+        }
+        if seeds.is_empty() {
+            return Err("--nimbus names no address".to_owned());
+        }
+        Ok(NimbusClient::with_seeds(seeds, config.nimbus_token()?))
     }
 }
 
@@ -144,8 +153,34 @@ pub fn submit(cmd: SubmitCommand, components: &worker::Registry) -> Result<(), S
     };
     let client = cmd.client.client()?;
     runtime()?.block_on(async {
-        let topology_upload = client.upload(text.as_bytes(), |_| {}).await.map_err(explain)?;
-        let worker_upload = match &binary {
+        // Uploads live on the nimbus that received them: when the leader changes during a
+        // submit, the whole submit starts again at the new leader.
+        let deadline = tokio::time::Instant::now() + client.failover;
+        loop {
+            let leader = client.current();
+            match submit_once(&client, &cmd, &text, binary.as_deref()).await {
+                Err(e)
+                    if client.current() != leader
+                        && tokio::time::Instant::now() < deadline
+                        && (e.is_retryable() || e.status() == Some(nimbus_client::StatusCode::NOT_FOUND)) =>
+                {
+                    eprintln!("squall submit: the leader changed during the submit ({e}); submitting again");
+                }
+                other => return other.map_err(explain),
+            }
+        }
+    })
+}
+
+async fn submit_once(
+    client: &NimbusClient,
+    cmd: &SubmitCommand,
+    text: &str,
+    binary: Option<&[u8]>,
+) -> Result<(), ClientError> {
+    {
+        let topology_upload = client.upload(text.as_bytes(), |_| {}).await?;
+        let worker_upload = match binary {
             Some(bytes) => {
                 let total = bytes.len() as f64 / 1_048_576.0;
                 let id = client
@@ -156,8 +191,7 @@ pub fn submit(cmd: SubmitCommand, components: &worker::Registry) -> Result<(), S
                         );
                         let _ = std::io::stderr().flush();
                     })
-                    .await
-                    .map_err(explain)?;
+                    .await?;
                 eprintln!();
                 Some(id)
             }
@@ -169,13 +203,13 @@ pub fn submit(cmd: SubmitCommand, components: &worker::Registry) -> Result<(), S
             inactive: cmd.inactive,
             owner: std::env::var("USER").unwrap_or_default(),
         };
-        let submitted = client.submit(&request).await.map_err(explain)?;
+        let submitted = client.submit(&request).await?;
         println!(
             "Submitted topology {} as {} ({}, {} workers)",
             submitted.name, submitted.id, submitted.status, submitted.workers
         );
         Ok(())
-    })
+    }
 }
 
 /// `squall list`: Storm's table.
@@ -186,6 +220,41 @@ pub fn list(args: ClientArgs) -> Result<(), String> {
         print!("{}", list_table(&summary));
         Ok(())
     })
+}
+
+/// `squall nimbus-summary`: every nimbus and who leads.
+pub fn nimbus_summary(args: ClientArgs) -> Result<(), String> {
+    let client = args.client()?;
+    runtime()?.block_on(async {
+        let summary = client.nimbus_summary().await.map_err(explain)?;
+        print!("{}", nimbus_table(&summary));
+        Ok(())
+    })
+}
+
+/// One line per nimbus: address, status (Storm UI's words), version, uptime.
+pub fn nimbus_table(summary: &NimbusSummaries) -> String {
+    if summary.nimbuses.is_empty() {
+        return "No nimbus is registered in ZooKeeper.\n".to_owned();
+    }
+    let mut out = format!(
+        "{:<28} {:<14} {:<10} {}\n{}\n",
+        "Nimbus",
+        "Status",
+        "Version",
+        "Uptime_secs",
+        "-".repeat(66)
+    );
+    for n in &summary.nimbuses {
+        out.push_str(&format!(
+            "{:<28} {:<14} {:<10} {}\n",
+            n.address(),
+            n.status,
+            n.version,
+            n.nimbus_up_time_seconds
+        ));
+    }
+    out
 }
 
 /// Storm's `list` output for a topology summary.
@@ -306,6 +375,28 @@ mod tests {
             let err = parse_executors(&[bad.into()]).unwrap_err();
             assert!(err.contains(says), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn nimbus_summary_names_the_leader() {
+        let view = |host: &str, status: &str| cluster_state::api::NimbusSummaryView {
+            host: host.into(),
+            port: 8080,
+            status: status.into(),
+            version: "0.1.0".into(),
+            nimbus_up_time: "1s".into(),
+            nimbus_up_time_seconds: 1,
+        };
+        let table = nimbus_table(&NimbusSummaries {
+            nimbuses: vec![view("n1", "Leader"), view("n2", "Not a Leader")],
+        });
+        let rows: Vec<Vec<&str>> = table
+            .lines()
+            .skip(2)
+            .map(|l| l.split("  ").filter(|c| !c.is_empty()).map(str::trim).collect())
+            .collect();
+        assert_eq!(rows, [["n1:8080", "Leader", "0.1.0", "1"], ["n2:8080", "Not a Leader", "0.1.0", "1"]]);
+        assert!(nimbus_table(&NimbusSummaries { nimbuses: vec![] }).contains("No nimbus"));
     }
 
     #[test]

@@ -6,8 +6,10 @@
 //! supervisor; a rebalance changes the worker count while tuples keep flowing; a supervisor
 //! killed with its workers loses only its executors to the other supervisor once
 //! `nimbus.supervisor.timeout.secs` passed; `kill -w 5` completes across a nimbus restart and
-//! leaves no znode or code dir of the topology; a bad topology file changes nothing; and a
-//! supervisor whose local state file is corrupt starts anyway.
+//! leaves no znode or code dir of the topology; a bad topology file changes nothing; a
+//! supervisor whose local state file is corrupt starts anyway; and with three nimbuses (HA) a
+//! kill -9 of the leader hands the leadership over within the session timeout + 2 s without
+//! touching a worker, while delayed kills and rebalances complete at their deadlines.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -17,10 +19,11 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use cluster_state::api::{ClusterSummary, Route};
+use cluster_state::clock::now_secs;
 use cluster_state::coord::{Ensemble, Session, SessionOptions};
 use cluster_state::ids::{ExecutorId, SupervisorId, TopologyId, WorkerSlot};
 use cluster_state::paths::StormPaths;
-use cluster_state::znode::{Assignment, SupervisorInfo, WorkerHeartbeat};
+use cluster_state::znode::{Assignment, StormBase, SupervisorInfo, WorkerHeartbeat};
 use test_harness::ZkServer;
 use test_harness::eventually;
 use test_harness::prometheus::{Prometheus, encode};
@@ -85,7 +88,7 @@ impl Drop for Cluster {
             keep_logs(self.root.path(), &PathBuf::from(keep).join(name));
         }
         if std::thread::panicking() {
-            for log in ["nimbus", "sup-a", "sup-b", "sup-c"] {
+            for log in ["nimbus", "n1", "n2", "n3", "sup-a", "sup-b", "sup-c"] {
                 let path = self.root.path().join(format!("{log}.log"));
                 if let Ok(text) = std::fs::read_to_string(&path) {
                     let tail: Vec<&str> = text.lines().rev().take(40).collect();
@@ -870,4 +873,140 @@ async fn deactivate_reset_activate_and_squall_replay_deliver_every_message_again
     stop.store(true, Ordering::Relaxed);
     reading.join().unwrap();
     println!("deactivate emptied the group in {left_in:?}; {produced} messages delivered three times");
+}
+
+impl Cluster {
+    /// Nimbuses named `names`, each on a port of its own, all of them the cluster's
+    /// `nimbus.seeds` (so every `squall` verb and supervisor follows the leader); returns each
+    /// one's `host:port`.
+    fn start_nimbuses(&mut self, names: &[&str]) -> BTreeMap<String, String> {
+        let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
+        let seeds: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let mut config = std::fs::read_to_string(&self.config).unwrap();
+        config.push_str(&format!("nimbus.seeds: [{}]\n", seeds.join(", ")));
+        std::fs::write(&self.config, config).unwrap();
+        let mut by_address = BTreeMap::new();
+        for (name, port) in names.iter().zip(&ports) {
+            let mut args = self.daemon_args("nimbus", name);
+            args.extend(["-c".into(), format!("nimbus.http.port={port}")]);
+            self.spawn(name, &args);
+            by_address.insert(format!("127.0.0.1:{port}"), (*name).to_owned());
+        }
+        by_address
+    }
+
+    /// kill -9 of the nimbus whose local dir is `name`'s.
+    fn kill9_nimbus(&self, name: &str) {
+        let killed = kill9(&format!("storm.local.dir={}", self.dir(name).display()));
+        assert_eq!(killed, 1, "nimbus {name} was running");
+    }
+}
+
+/// The leader's address once `count` nimbuses are registered and exactly one leads, other
+/// than `not`.
+async fn ha_leader(session: &Session, count: usize, not: Option<&str>, within: Duration) -> String {
+    eventually(within, &format!("{count} nimbuses registered, one of them a new leader"), || async {
+        let all = nimbus::leader::nimbuses(session, &StormPaths::default()).await.ok()?;
+        let leaders: Vec<String> = all.iter().filter(|n| n.is_leader).map(|n| n.address()).collect();
+        (all.len() == count && leaders.len() == 1 && Some(leaders[0].as_str()) != not)
+            .then(|| leaders[0].clone())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nimbus_failover_leaves_workers_alone_and_resumes_delayed_kill_and_rebalance() {
+    let mut cluster = Cluster::new("nimbus_ha").await;
+    let nimbuses = cluster.start_nimbuses(&["n1", "n2", "n3"]);
+    let ports = [free_port(), free_port()];
+    cluster.start_supervisor("sup-a", &ports);
+    let session = cluster.session().await;
+    let paths = StormPaths::default();
+    let leader = ha_leader(&session, 3, None, Duration::from_secs(60)).await;
+
+    // Word count on both slots, submitted through the seeds.
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/wordcount.yaml");
+    let out = cluster.squall(&["submit", example.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let id: TopologyId =
+        text(&out).split(" as ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    eventually(Duration::from_secs(60), "an assignment over 2 slots", || async {
+        assignment(&session, &id).await.filter(|a| a.slots().len() == 2)
+    })
+    .await;
+    let before = flowing(&session, &id, "after submit").await;
+    let workers_before = worker_dirs(&cluster.dir("sup-a"));
+    assert_eq!(workers_before.len(), 2);
+
+    // kill -9 the leader: a follower leads within the session timeout (4 s) + 2 s.
+    cluster.kill9_nimbus(&nimbuses[&leader]);
+    let killed_at = tokio::time::Instant::now();
+    let second = ha_leader(&session, 2, Some(&leader), Duration::from_secs(30)).await;
+    let failover = killed_at.elapsed();
+    assert!(failover <= Duration::from_secs(6), "failover took {failover:?}");
+
+    // The topology runs on untouched: same assignment, same worker processes.
+    flowing(&session, &id, "after the failover").await;
+    assert_eq!(assignment(&session, &id).await.unwrap(), before, "the new leader reassigned");
+    assert_eq!(worker_dirs(&cluster.dir("sup-a")), workers_before, "a worker was restarted");
+
+    // The same CLI config works against the new leader: nimbus-summary, submit, kill -w,
+    // rebalance -w.
+    let summary = cluster.squall(&["nimbus-summary"]);
+    let lines = text(&summary);
+    assert!(
+        lines.lines().any(|l| l.starts_with(&second) && l.contains("Leader") && !l.contains("Not")),
+        "{lines}"
+    );
+    assert_eq!(lines.lines().filter(|l| l.starts_with("127.0.0.1:")).count(), 2, "{lines}");
+    let other = cluster.dir("other.yaml");
+    std::fs::write(
+        &other,
+        std::fs::read_to_string(&example).unwrap().replace("name: wordcount", "name: other"),
+    )
+    .unwrap();
+    let out = cluster.squall(&["submit", other.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let other_id: TopologyId =
+        text(&out).split(" as ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+
+    // kill -w 10 and rebalance -w 10, then kill -9 the leader during the wait: the last nimbus
+    // completes both at their recorded deadlines.
+    let out = cluster.squall(&["kill", "other", "-w", "10"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = cluster.squall(&["rebalance", "wordcount", "-w", "10", "-n", "1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let deadline = |id: TopologyId| {
+        let session = &session;
+        let paths = &paths;
+        async move {
+            let (base, _) = session.read::<StormBase>(&paths.storm(&id)).await.unwrap();
+            base.pending_transition.expect("a pending transition").deadline_secs()
+        }
+    };
+    let (kill_deadline, rebalance_deadline) = (deadline(other_id.clone()).await, deadline(id.clone()).await);
+    cluster.kill9_nimbus(&nimbuses[&second]);
+    ha_leader(&session, 1, Some(&second), Duration::from_secs(30)).await;
+    let removed_at = eventually(Duration::from_secs(40), "the delayed kill to complete", || async {
+        session.exists(&paths.storm(&other_id)).await.unwrap().is_none().then(now_secs)
+    })
+    .await;
+    assert!(
+        (kill_deadline..=kill_deadline + 4).contains(&removed_at),
+        "killed at {removed_at}, deadline {kill_deadline}"
+    );
+    let rebalanced_at = eventually(Duration::from_secs(40), "the delayed rebalance to complete", || async {
+        let (base, _) = session.read::<StormBase>(&paths.storm(&id)).await.ok()?;
+        (base.pending_transition.is_none() && base.num_workers == 1).then(now_secs)
+    })
+    .await;
+    assert!(
+        (rebalance_deadline..=rebalance_deadline + 4).contains(&rebalanced_at),
+        "rebalanced at {rebalanced_at}, deadline {rebalance_deadline}"
+    );
+    eventually(Duration::from_secs(60), "the rebalance to 1 worker", || async {
+        assignment(&session, &id).await.filter(|a| a.slots().len() == 1)
+    })
+    .await;
+    flowing(&session, &id, "after the rebalance under the third leader").await;
 }

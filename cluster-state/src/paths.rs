@@ -9,6 +9,9 @@
 //!   /supervisors/<supervisor-id>                -> SupervisorInfo (ephemeral)
 //!   /workerbeats/<topology-id>/<node>-<port>    -> WorkerHeartbeat
 //!   /errors/<topology-id>/<component-id>/e<seq> -> ErrorInfo (persistent sequential)
+//!   /leader-lock/latch-<seq>                    -> nimbus host:port (ephemeral sequential)
+//!   /nimbuses/<host:port>                       -> NimbusSummary (ephemeral)
+//!   /blobstore/<topology-id>/<host:port>        -> (empty; ephemeral: that nimbus holds the code)
 //! <kafka chroot, default none>
 //!   /consumers/[group]/ids/[consumer_id]            -> ConsumerRegistration (ephemeral)
 //!   /consumers/[group]/owners/[topic]/[partition]   -> OwnerData (ephemeral)
@@ -136,6 +139,57 @@ impl StormPaths {
     /// ZooKeeper appends a 10-digit counter, giving e.g. `e0000000042`.
     pub fn error_sequential_prefix(&self, id: &TopologyId, component: &ComponentId) -> String {
         format!("{}/errors/{id}/{component}/e", self.root)
+    }
+
+    /// `<root>/leader-lock`: nimbus leader election (Storm's layout; Curator's leader latch
+    /// there, Squall's sequential ephemerals `latch-<seq>` here, lowest wins).
+    pub fn leader_lock_dir(&self) -> String {
+        format!("{}/leader-lock", self.root)
+    }
+
+    /// `<root>/leader-lock/latch-`: the path to create *ephemeral sequential*.
+    pub fn leader_latch_prefix(&self) -> String {
+        format!("{}/leader-lock/{}", self.root, Self::LATCH_PREFIX)
+    }
+
+    /// What every election node's name starts with (the rest is ZooKeeper's 10-digit counter).
+    pub const LATCH_PREFIX: &'static str = "latch-";
+
+    /// The sequence number of an election node name such as `latch-0000000007`, or `None` for
+    /// a name that is not one.
+    pub fn parse_latch_seq(name: &str) -> Option<u32> {
+        let digits = name.strip_prefix(Self::LATCH_PREFIX)?;
+        if digits.len() != 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok()
+    }
+
+    /// `<root>/nimbuses`.
+    pub fn nimbuses_dir(&self) -> String {
+        format!("{}/nimbuses", self.root)
+    }
+
+    /// `<root>/nimbuses/<host:port>`; the address must be a valid path segment.
+    pub fn nimbus(&self, address: &str) -> Result<String, IdError> {
+        check_segment("nimbus address", address)?;
+        Ok(format!("{}/nimbuses/{address}", self.root))
+    }
+
+    /// `<root>/blobstore`: which nimbuses hold which topology's code (Storm's layout).
+    pub fn blobstore_dir(&self) -> String {
+        format!("{}/blobstore", self.root)
+    }
+
+    /// `<root>/blobstore/<topology-id>`.
+    pub fn blobstore_topology(&self, id: &TopologyId) -> String {
+        format!("{}/blobstore/{id}", self.root)
+    }
+
+    /// `<root>/blobstore/<topology-id>/<host:port>`; the address must be a valid path segment.
+    pub fn code_holder(&self, id: &TopologyId, address: &str) -> Result<String, IdError> {
+        check_segment("nimbus address", address)?;
+        Ok(format!("{}/blobstore/{id}/{address}", self.root))
     }
 
     /// The sequence number of an error znode name such as `e0000000042`, or `None` for a name

@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 
 use cluster_state::api::{
-    self, BeginUpload, BodyError, ChunkReceived, ClusterSummary, Count, ErrorBody, FinishUpload, Operation,
-    PendingAction, PendingTransitionView, RebalanceOptions, RebalanceRequest, SubmitTopology, Submitted,
-    SupervisorSummaries, SupervisorSummary, TargetGroup, TopologyDetail, TopologyError, TopologyErrors,
-    TopologyOperation, TopologySummaries, TopologySummary, UploadBegun, UploadFinished, UploadId,
+    self, BeginUpload, BodyError, ChunkReceived, ClusterSummary, Count, ErrorBody, FinishUpload,
+    NimbusSummaries, NimbusSummaryView, Operation, PendingAction, PendingTransitionView, RebalanceOptions,
+    RebalanceRequest, SubmitTopology, Submitted, SupervisorSummaries, SupervisorSummary, TargetGroup,
+    TopologyDetail, TopologyError, TopologyErrors, TopologyOperation, TopologySummaries, TopologySummary,
+    UploadBegun, UploadFinished, UploadId,
 };
 use cluster_state::ids::{ComponentId, SupervisorId, TopologyId, TopologyName};
 use serde::Serialize;
@@ -122,8 +123,29 @@ fn read_side_bodies_keep_storm_uis_keys() {
         r#"[{"targets":["127.0.0.1:9100"],"labels":{"squall_role":"nimbus"}}]"#,
     );
     golden(
-        &ErrorBody { error: "Bad Request".into(), error_message: "field \"size\": ...".into() },
+        &ErrorBody::new("Bad Request", "field \"size\": ..."),
         r#"{"error":"Bad Request","errorMessage":"field \"size\": ..."}"#,
+    );
+    let mut refusal =
+        ErrorBody::new("Service Unavailable", "this nimbus is not the leader; the leader is n2:8080");
+    (refusal.not_leader, refusal.leader) = (true, Some("n2:8080".into()));
+    golden(
+        &refusal,
+        r#"{"error":"Service Unavailable","errorMessage":"this nimbus is not the leader; the leader is n2:8080","leader":"n2:8080","notLeader":true}"#,
+    );
+    // Storm UI's /api/v1/nimbus/summary.
+    golden(
+        &NimbusSummaries {
+            nimbuses: vec![NimbusSummaryView {
+                host: "n1".into(),
+                port: 8080,
+                status: "Leader".into(),
+                version: "0.1.0".into(),
+                nimbus_up_time: "1m 1s".into(),
+                nimbus_up_time_seconds: 61,
+            }],
+        },
+        r#"{"nimbuses":[{"host":"n1","port":8080,"status":"Leader","version":"0.1.0","nimbusUpTime":"1m 1s","nimbusUpTimeSeconds":61}]}"#,
     );
 }
 

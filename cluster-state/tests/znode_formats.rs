@@ -13,9 +13,9 @@ use cluster_state::ids::{
 };
 use cluster_state::znode::{
     Assignment, BrokerRegistration, ConsumerRegistration, DecodeError, DelayedTransition, ErrorInfo,
-    ExecutorAssignment, ExecutorStats, LocalWorkerHeartbeat, OffsetData, OffsetSnapshot, OwnerData,
-    StormBase, SubscriptionPattern, SupervisorInfo, TopicRegistration, TopologyStatus, WorkerHeartbeat,
-    ZnodeData,
+    ExecutorAssignment, ExecutorStats, LocalWorkerHeartbeat, NimbusSummary, OffsetData, OffsetSnapshot,
+    OwnerData, StormBase, SubscriptionPattern, SupervisorInfo, TopicRegistration, TopologyStatus,
+    WorkerHeartbeat, ZnodeData,
 };
 use proptest::prelude::*;
 
@@ -234,6 +234,26 @@ fn assignment_garbage() {
     assert_rejects::<Assignment>(bad("[1,2]", "\"[1 2]\"").as_bytes(), "invalid type");
     assert_rejects::<Assignment>(bad("6700", "67000").as_bytes(), "u16");
     assert_rejects::<Assignment>(bad("\"sup-a1\":", "\"\":").as_bytes(), "invalid supervisor id");
+}
+
+const NIMBUS_SUMMARY: &str = r#"{"version":1,"host":"nimbus1","port":8080,"start_time_secs":1700000000,"uptime_secs":5,"squall_version":"0.1.0","is_leader":true}"#;
+
+#[test]
+fn nimbus_summary_golden_and_garbage() {
+    let summary = NimbusSummary {
+        host: "nimbus1".into(),
+        port: 8080,
+        start_time_secs: 1_700_000_000,
+        uptime_secs: 5,
+        version: "0.1.0".into(),
+        is_leader: true,
+    };
+    assert_golden(&summary, NIMBUS_SUMMARY);
+    assert_eq!(summary.address(), "nimbus1:8080");
+    assert_ignores_unknown_fields::<NimbusSummary>(NIMBUS_SUMMARY);
+    assert_rejects_json_garbage::<NimbusSummary>(NIMBUS_SUMMARY, 2);
+    assert_rejects::<NimbusSummary>(NIMBUS_SUMMARY.replacen("8080", "80800", 1).as_bytes(), "u16");
+    assert_rejects::<NimbusSummary>(NIMBUS_SUMMARY.replacen("true", "\"yes\"", 1).as_bytes(), "invalid type");
 }
 
 fn supervisor_info() -> SupervisorInfo {

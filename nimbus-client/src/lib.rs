@@ -16,9 +16,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cluster_state::api::{
-    self, BeginUpload, BodyError, ChunkReceived, ClusterSummary, ErrorBody, FinishUpload, RebalanceOptions,
-    RebalanceRequest, Route, SubmitTopology, Submitted, SupervisorSummaries, TargetGroup, TopologyDetail,
-    TopologyErrors, TopologyOperation, TopologySummaries, UploadBegun, UploadFinished, UploadId,
+    self, BeginUpload, BodyError, ChunkReceived, ClusterSummary, ErrorBody, FinishUpload, NimbusSummaries,
+    RebalanceOptions, RebalanceRequest, Route, SubmitTopology, Submitted, SupervisorSummaries, TargetGroup,
+    TopologyDetail, TopologyErrors, TopologyOperation, TopologySummaries, UploadBegun, UploadFinished,
+    UploadId,
 };
 use cluster_state::code::CodeFile;
 use cluster_state::ids::TopologyId;
@@ -47,13 +48,17 @@ pub enum ClientError {
     /// nimbus answered something this client cannot read (a version mismatch, most likely).
     #[error("nimbus's answer to {what} is not what this client reads: {source}")]
     BadAnswer { what: String, source: BodyError },
+    /// A follower refused a mutating call; `leader` is the leader it named, if any. The client
+    /// follows it by itself; this is what is left when no leader answered in time.
+    #[error("nimbus at {address} is not the leader ({message})")]
+    NotLeader { address: String, leader: Option<String>, message: String },
 }
 
 impl ClientError {
     /// Whether the same call may succeed later (nimbus down or busy, ZooKeeper unavailable).
     pub fn is_retryable(&self) -> bool {
         match self {
-            ClientError::Unreachable { .. } => true,
+            ClientError::Unreachable { .. } | ClientError::NotLeader { .. } => true,
             ClientError::Refused { status, .. } => status.is_server_error(),
             ClientError::BadAnswer { .. } => false,
         }
@@ -69,12 +74,25 @@ impl ClientError {
 }
 
 /// nimbus's API at `address` (`host:port`), with the token for mutating calls.
+///
+/// With several nimbuses (HA, [`NimbusClient::with_seeds`]) a call goes to the nimbus that
+/// answered last (the leader once one was named); a nimbus that does not answer is skipped for
+/// the next seed, and a follower's refusal of a mutating call is followed to the leader it
+/// names, for up to [`NimbusClient::failover`] (a leader election takes about the ZooKeeper
+/// session timeout).
 #[derive(Debug, Clone)]
 pub struct NimbusClient {
+    /// The first nimbus tried (the first seed).
     pub address: String,
+    /// Every nimbus this client may try (`nimbus.seeds`), `address` included.
+    pub seeds: Vec<String>,
     pub token: Option<String>,
     /// Bound on one call up to its answer's headers, and on reading a JSON answer.
     pub timeout: Duration,
+    /// How long a call keeps looking for a nimbus (or the leader) that answers.
+    pub failover: Duration,
+    /// The nimbus that answered last, shared by clones.
+    current: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// A code file on its way: nimbus's checksum and the body, read chunk by chunk.
@@ -105,7 +123,87 @@ impl CodeDownload {
 impl NimbusClient {
     /// A client of nimbus at `address`; mutating calls carry `token` when set.
     pub fn new(address: impl Into<String>, token: Option<String>) -> Self {
-        NimbusClient { address: address.into(), token, timeout: Duration::from_secs(120) }
+        let address = address.into();
+        NimbusClient {
+            seeds: vec![address.clone()],
+            address,
+            token,
+            timeout: Duration::from_secs(120),
+            failover: Duration::ZERO,
+            current: Default::default(),
+        }
+    }
+
+    /// A client of the nimbuses at `seeds` (Storm's `nimbus.seeds`; at least one), following
+    /// the leader for up to 60 s per call.
+    pub fn with_seeds(seeds: Vec<String>, token: Option<String>) -> Self {
+        let mut client = NimbusClient::new(seeds.first().cloned().unwrap_or_default(), token);
+        client.seeds = seeds;
+        client.failover = Duration::from_secs(60);
+        client
+    }
+
+    /// The nimbus the next call goes to first.
+    pub fn current(&self) -> String {
+        self.current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .unwrap_or_else(|| self.address.clone())
+    }
+
+    fn set_current(&self, address: &str) {
+        *self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(address.to_owned());
+    }
+
+    /// The nimbus after `address` in the seeds (wrapping).
+    fn next_seed(&self, address: &str) -> String {
+        match self.seeds.iter().position(|s| s == address) {
+            Some(i) => self.seeds[(i + 1) % self.seeds.len()].clone(),
+            None => self.seeds.first().cloned().unwrap_or_else(|| self.address.clone()),
+        }
+    }
+
+    /// Runs `attempt` against the current nimbus, moving to the next seed when one does not
+    /// answer and to the named leader when a follower refuses: every seed is tried once, then
+    /// again until `failover` has passed.
+    async fn with_failover<T, F, Fut>(&self, mut attempt: F) -> Result<T, ClientError>
+    where
+        F: FnMut(String) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.failover;
+        let mut address = self.current();
+        let mut tried = 0usize;
+        loop {
+            let error = match attempt(address.clone()).await {
+                Ok(answer) => {
+                    self.set_current(&address);
+                    return Ok(answer);
+                }
+                Err(e) => e,
+            };
+            tried += 1;
+            let next = match &error {
+                ClientError::NotLeader { leader: Some(leader), .. } if *leader != address => leader.clone(),
+                ClientError::Unreachable { .. } | ClientError::NotLeader { .. } => self.next_seed(&address),
+                _ => return Err(error),
+            };
+            if tried >= self.seeds.len().max(1) && tokio::time::Instant::now() >= deadline {
+                return Err(error);
+            }
+            // A full round without an answer (an election under way): pause before the next.
+            if tried.is_multiple_of(self.seeds.len().max(1)) {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            tracing::debug!(from = %address, to = %next, "nimbus failover: {error}");
+            address = next;
+        }
+    }
+
+    /// Every nimbus and who leads (`GET /api/v1/nimbus/summary`).
+    pub async fn nimbus_summary(&self) -> Result<NimbusSummaries, ClientError> {
+        self.get(Route::NimbusSummary).await
     }
 
     pub async fn cluster_summary(&self) -> Result<ClusterSummary, ClientError> {
@@ -186,14 +284,39 @@ impl NimbusClient {
     pub async fn download_code(&self, id: &TopologyId, file: CodeFile) -> Result<CodeDownload, ClientError> {
         let route = Route::Code(id.clone(), file);
         let what = format!("GET {}", route.path());
-        let response = self.exchange(&route, Bytes::new(), None).await?;
-        let response = self.check_status(&what, response).await?;
-        let sha256 = response
-            .headers()
-            .get(api::CHECKSUM_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_ascii_lowercase);
-        Ok(CodeDownload { sha256, body: response.into_body(), address: self.address.clone() })
+        // Any nimbus holding the code serves it; a 404 from one (a follower still copying it)
+        // does not stop the search while others are left to ask.
+        let mut not_found = None;
+        let mut asked = 0;
+        loop {
+            let attempt = self
+                .with_failover(|address| {
+                    let (route, what) = (&route, &what);
+                    async move {
+                        let response = self.exchange_at(&address, route, Bytes::new(), None).await?;
+                        let response = self.check_status_at(&address, what, response).await?;
+                        Ok((address, response))
+                    }
+                })
+                .await;
+            match attempt {
+                Ok((address, response)) => {
+                    let sha256 = response
+                        .headers()
+                        .get(api::CHECKSUM_HEADER)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_ascii_lowercase);
+                    return Ok(CodeDownload { sha256, body: response.into_body(), address });
+                }
+                Err(e) if e.status() == Some(StatusCode::NOT_FOUND) && asked + 1 < self.seeds.len() => {
+                    asked += 1;
+                    let failed = self.current();
+                    self.set_current(&self.next_seed(&failed));
+                    not_found = Some(e);
+                }
+                Err(e) => return Err(not_found.filter(|_| e.is_retryable()).unwrap_or(e)),
+            }
+        }
     }
 
     async fn get<T: DeserializeOwned>(&self, route: Route) -> Result<T, ClientError> {
@@ -221,19 +344,26 @@ impl NimbusClient {
         content_type: Option<&'static str>,
     ) -> Result<T, ClientError> {
         let what = format!("{} {}", route.method(), route.path());
-        let response = self.exchange(&route, body, content_type).await?;
-        let response = self.check_status(&what, response).await?;
-        let bytes = self.read_all(response).await?;
-        api::decode_response(&bytes).map_err(|source| ClientError::BadAnswer { what, source })
+        let (route, what, body) = (&route, &what, &body);
+        self.with_failover(|address| async move {
+            let response = self.exchange_at(&address, route, body.clone(), content_type).await?;
+            let response = self.check_status_at(&address, what, response).await?;
+            let bytes = self.read_all_at(&address, response).await?;
+            api::decode_response(&bytes)
+                .map_err(|source| ClientError::BadAnswer { what: what.clone(), source })
+        })
+        .await
     }
 
-    fn unreachable(&self, reason: impl ToString) -> ClientError {
-        ClientError::Unreachable { address: self.address.clone(), reason: reason.to_string() }
+    fn unreachable_at(address: &str, reason: impl ToString) -> ClientError {
+        ClientError::Unreachable { address: address.to_owned(), reason: reason.to_string() }
     }
 
-    /// Sends the request over a new connection; returns the answer once its headers are in.
-    async fn exchange(
+    /// Sends the request over a new connection to `address`; returns the answer once its
+    /// headers are in.
+    async fn exchange_at(
         &self,
+        address: &str,
         route: &Route,
         body: Bytes,
         content_type: Option<&'static str>,
@@ -241,9 +371,9 @@ impl NimbusClient {
         let mut request = Request::builder()
             .method(route.method())
             .uri(route.path())
-            .header(header::HOST, self.address.as_str())
+            .header(header::HOST, address)
             .body(Full::new(body))
-            .map_err(|e| self.unreachable(format!("bad request: {e}")))?;
+            .map_err(|e| Self::unreachable_at(address, format!("bad request: {e}")))?;
         if let Some(kind) = content_type {
             request.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
         }
@@ -253,27 +383,30 @@ impl NimbusClient {
             request.headers_mut().insert(header::AUTHORIZATION, value);
         }
         let exchange = async {
-            let stream =
-                tokio::net::TcpStream::connect(&self.address).await.map_err(|e| self.unreachable(e))?;
+            let stream = tokio::net::TcpStream::connect(address)
+                .await
+                .map_err(|e| Self::unreachable_at(address, e))?;
             let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
                 .await
-                .map_err(|e| self.unreachable(e))?;
+                .map_err(|e| Self::unreachable_at(address, e))?;
             // Drives the connection; it ends when the response body is dropped or read.
             tokio::spawn(async move {
                 if let Err(e) = connection.await {
                     tracing::debug!("connection to nimbus ended: {e}");
                 }
             });
-            sender.send_request(request).await.map_err(|e| self.unreachable(e))
+            sender.send_request(request).await.map_err(|e| Self::unreachable_at(address, e))
         };
-        tokio::time::timeout(self.timeout, exchange)
-            .await
-            .map_err(|_| self.unreachable(format!("no answer within {}s", self.timeout.as_secs())))?
+        tokio::time::timeout(self.timeout, exchange).await.map_err(|_| {
+            Self::unreachable_at(address, format!("no answer within {}s", self.timeout.as_secs()))
+        })?
     }
 
-    /// An error status becomes [`ClientError::Refused`] quoting nimbus's `errorMessage`.
-    async fn check_status(
+    /// An error status becomes [`ClientError::Refused`] quoting nimbus's `errorMessage`, or
+    /// [`ClientError::NotLeader`] for a follower's refusal.
+    async fn check_status_at(
         &self,
+        address: &str,
         what: &str,
         response: Response<Incoming>,
     ) -> Result<Response<Incoming>, ClientError> {
@@ -281,22 +414,30 @@ impl NimbusClient {
         if status.is_success() {
             return Ok(response);
         }
-        let bytes = self.read_all(response).await.unwrap_or_default();
+        let bytes = self.read_all_at(address, response).await.unwrap_or_default();
         let message = match api::decode_response::<ErrorBody>(&bytes) {
+            Ok(body) if body.not_leader => {
+                return Err(ClientError::NotLeader {
+                    address: address.to_owned(),
+                    leader: body.leader,
+                    message: body.error_message,
+                });
+            }
             Ok(body) => body.error_message,
             Err(_) => String::from_utf8_lossy(&bytes).chars().take(300).collect(),
         };
         Err(ClientError::Refused { what: what.to_owned(), status, message })
     }
 
-    async fn read_all(&self, response: Response<Incoming>) -> Result<Bytes, ClientError> {
+    async fn read_all_at(&self, address: &str, response: Response<Incoming>) -> Result<Bytes, ClientError> {
         let collect = response.into_body().collect();
         match tokio::time::timeout(self.timeout, collect).await {
             Ok(Ok(collected)) => Ok(collected.to_bytes()),
-            Ok(Err(e)) => Err(self.unreachable(e)),
-            Err(_) => {
-                Err(self.unreachable(format!("answer not complete within {}s", self.timeout.as_secs())))
-            }
+            Ok(Err(e)) => Err(Self::unreachable_at(address, e)),
+            Err(_) => Err(Self::unreachable_at(
+                address,
+                format!("answer not complete within {}s", self.timeout.as_secs()),
+            )),
         }
     }
 }

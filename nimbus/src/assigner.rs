@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use cluster_state::coord::{self, CreateMode, Session};
+use cluster_state::coord::{self, Session};
 use cluster_state::ids::{ComponentId, ExecutorId, SupervisorId, TopologyId, TopologyName, WorkerSlot};
 use cluster_state::paths::StormPaths;
 use cluster_state::structure::{StructureError, TopologyStructure};
@@ -31,6 +31,7 @@ use tokio::sync::Mutex;
 
 use crate::assignments::{AssignmentWriteError, write_assignment};
 use crate::code_store::{CodeFile, CodeStore, CodeStoreError, UploadId};
+use crate::leader::{self, Leadership};
 use crate::limits::{LimitError, TopologyLimits};
 use crate::liveness::{HeartbeatCache, Timeouts};
 use crate::metrics::NimbusMetrics;
@@ -113,6 +114,10 @@ struct Memory {
     structures: BTreeMap<TopologyId, Arc<TopologyStructure>>,
     /// Storm's `submitted-count`: the middle part of topology ids.
     submitted: u64,
+    /// When this nimbus took the leadership (0: it always led): executors count as launched
+    /// then, so a new leader gives every worker `nimbus.task.launch.secs` of fresh heartbeats
+    /// before declaring it dead (no mass reassignment after a failover).
+    leader_since_secs: u64,
 }
 
 /// Submit, the monitor pass and rescheduling; see the module docs.
@@ -124,6 +129,7 @@ pub struct Assigner {
     timeouts: MonitorTimeouts,
     limits: TopologyLimits,
     metrics: NimbusMetrics,
+    leadership: Leadership,
     memory: Mutex<Memory>,
 }
 
@@ -142,8 +148,29 @@ impl Assigner {
             timeouts,
             limits: TopologyLimits::default(),
             metrics,
+            leadership: Leadership::standalone(),
             memory: Mutex::new(Memory::default()),
         }
+    }
+
+    /// The same assigner writing only while `leadership` leads, every write fenced.
+    pub fn with_leadership(mut self, leadership: Leadership) -> Self {
+        self.leadership = leadership;
+        self
+    }
+
+    pub fn leadership(&self) -> &Leadership {
+        &self.leadership
+    }
+
+    /// Called when this nimbus takes the leadership at `now_secs`: executors get
+    /// `nimbus.task.launch.secs` from now before they can be declared dead, and what the
+    /// assigner remembered from an earlier term is forgotten (ZooKeeper is re-read).
+    pub async fn took_leadership(&self, now_secs: u64) {
+        let mut memory = self.memory.lock().await;
+        memory.executors.clear();
+        memory.supervisors = HeartbeatCache::default();
+        memory.leader_since_secs = now_secs;
     }
 
     /// The same assigner with `limits` instead of the defaults.
@@ -209,19 +236,28 @@ impl Assigner {
             pending_transition: None,
         };
         let written = async {
-            let persistent = CreateMode::Persistent.with_parents();
-            match self.session.create(&self.paths.workerbeats_topology(&id), b"", persistent).await {
-                Ok(_) | Err(coord::Error::NodeExists { .. }) => {}
-                Err(e) => return Err(e),
+            // The parents are structural (created once per cluster); every node of the
+            // topology itself is a fenced leader write.
+            for dir in [self.paths.workerbeats_dir(), self.paths.blobstore_dir(), self.paths.storms_dir()] {
+                self.session.ensure_path(&dir).await?;
             }
-            self.session.create(&self.paths.storm(&id), &base.encode(), persistent).await?;
+            let leader = &self.leadership;
+            for dir in [self.paths.workerbeats_topology(&id), self.paths.blobstore_topology(&id)] {
+                match leader::create(&self.session, leader, &dir, b"").await {
+                    Ok(()) | Err(coord::Error::NodeExists { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            leader::create(&self.session, leader, &self.paths.storm(&id), &base.encode()).await?;
             Ok(())
         }
         .await;
         if let Err(e) = written {
             // Nothing of this topology may stay behind: the code goes, the heartbeat dir goes.
             let _ = self.code.remove(&id).await;
-            let _ = self.session.delete_recursive(&self.paths.workerbeats_topology(&id)).await;
+            for dir in [self.paths.workerbeats_topology(&id), self.paths.blobstore_topology(&id)] {
+                let _ = leader::delete_recursive(&self.session, &self.leadership, &dir).await;
+            }
             return Err(e.into());
         }
         memory.structures.insert(id.clone(), Arc::new(structure));
@@ -336,6 +372,7 @@ impl Assigner {
         let supervisor_ports: BTreeMap<SupervisorId, BTreeSet<u16>> =
             live.iter().map(|(id, info)| ((*id).clone(), info.all_ports.iter().copied().collect())).collect();
 
+        let leader_since = memory.leader_since_secs;
         memory.executors.retain(|id, _| snapshot.storms.contains_key(id));
         memory.structures.retain(|id, _| snapshot.storms.contains_key(id));
 
@@ -385,7 +422,8 @@ impl Assigner {
                         a.executors
                             .iter()
                             .filter(|e| {
-                                cache.is_alive(&e.executor, e.start_time_secs, now, self.timeouts.tasks)
+                                let launched = e.start_time_secs.max(leader_since);
+                                cache.is_alive(&e.executor, launched, now, self.timeouts.tasks)
                             })
                             .map(|e| (e.executor, e.slot()))
                             .collect()
@@ -413,7 +451,11 @@ impl Assigner {
                     "no free slot for some executors; they wait for a supervisor with free ports"
                 );
             }
-            let master_code_dir = self.code.topology_dir(id).display().to_string();
+            // The code dir of the nimbus that first assigned it: every nimbus holds the code at
+            // its own dir (HA), and a new leader must not rewrite assignments for its path.
+            let master_code_dir = existing
+                .map(|a| a.master_code_dir.clone())
+                .unwrap_or_else(|| self.code.topology_dir(id).display().to_string());
             let (assignment, moved) =
                 to_assignment(&decided.assignment, existing, &live, now, master_code_dir);
             let cache_keep: BTreeSet<ExecutorId> = assignment.executors.iter().map(|e| e.executor).collect();
@@ -432,6 +474,7 @@ impl Assigner {
             };
             let write = write_assignment(
                 &self.session,
+                &self.leadership,
                 &self.paths,
                 id,
                 storm_version,

@@ -3,7 +3,8 @@
 //! The pass decides on a snapshot; between its read and its write a kill may remove the
 //! topology (assignment first, base last) or a transition may change its base. So each write
 //! is one multi: check `/storms/<id>` at the version read, then set the assignment at the
-//! version read, or create it if it was absent. A conflict is not an error of the pass: the
+//! version read, or create it if it was absent; and, on a nimbus that won an election, check
+//! that its election node still exists (the leader fence, `crate::leader`). A conflict is not an error of the pass: the
 //! next pass re-reads and decides again. An assignment larger than a znode may safely hold is
 //! never sent (ZooKeeper drops the connection of a request above `jute.maxbuffer`).
 
@@ -12,6 +13,7 @@ use cluster_state::ids::TopologyId;
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{Assignment, ZnodeData};
 
+use crate::leader::Leadership;
 use crate::limits::MAX_ASSIGNMENT_BYTES;
 
 /// Why one topology's assignment was not written.
@@ -51,6 +53,7 @@ impl AssignmentWriteError {
 /// (connection or session lost) are `Err`; everything about this one topology is `Ok(Err)`.
 pub async fn write_assignment(
     session: &Session,
+    leadership: &Leadership,
     paths: &StormPaths,
     id: &TopologyId,
     storm_version: i32,
@@ -70,8 +73,14 @@ pub async fn write_assignment(
         }
     };
     let check = Op::Check { path: paths.storm(id), version: storm_version };
-    match session.multi(&[check, write]).await {
+    let mut ops = vec![check, write];
+    // Fenced: a deposed leader's pass writes nothing (see `crate::leader`).
+    let fence = leadership.fence_op()?;
+    let fenced = fence.is_some();
+    ops.splice(0..0, fence);
+    match session.multi(&ops).await {
         Ok(_) => Ok(Ok(())),
+        Err(coord::Error::MultiFailed { index: 0, .. }) if fenced => Err(leadership.lost()),
         Err(e) if e.is_retryable() || e.is_session_lost() => Err(e),
         Err(coord::Error::MultiFailed { source, .. })
             if matches!(

@@ -125,6 +125,11 @@ pub enum CodeStoreError {
     ChecksumMismatch { id: UploadId, expected: String, actual: String },
     #[error("topology {id} has no code file {file}")]
     NoCode { id: TopologyId, file: CodeFile },
+    /// A code file copied from another nimbus does not hash to the checksum it sent.
+    #[error(
+        "topology {id}: the copy of {file} hashes to {actual}, not to the leader's {expected}; not installed"
+    )]
+    ReplicaChecksum { id: TopologyId, file: CodeFile, expected: String, actual: String },
     #[error("code store I/O at {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
 }
@@ -412,6 +417,53 @@ impl CodeStore {
         let target = dir.join(file.file_name());
         tokio::fs::rename(&tmp, &target).await.map_err(io_at(&target))?;
         Ok(target)
+    }
+
+    /// Installs a code file copied from another nimbus (code replication): `bytes` must hash
+    /// to `sha256_hex`, the checksum the other nimbus recorded, or nothing is installed. Written
+    /// to a temp file and renamed, like an upload; the secret gets mode 0600.
+    pub async fn install_replica(
+        &self,
+        topology: &TopologyId,
+        file: CodeFile,
+        bytes: &[u8],
+        sha256_hex: &str,
+    ) -> Result<PathBuf> {
+        let expected = parse_sha256(sha256_hex)?;
+        let actual = self::sha256_hex(bytes);
+        if actual != expected {
+            return Err(CodeStoreError::ReplicaChecksum { id: topology.clone(), file, expected, actual });
+        }
+        let dir = self.topology_dir(topology);
+        tokio::fs::create_dir_all(&dir).await.map_err(io_at(&dir))?;
+        let sum_path = dir.join(format!("{}.sha256", file.file_name()));
+        let sum_tmp = dir.join(format!(".{}.sha256.tmp", file.file_name()));
+        write_synced(&sum_tmp, actual.as_bytes()).await?;
+        tokio::fs::rename(&sum_tmp, &sum_path).await.map_err(io_at(&sum_path))?;
+        let tmp = dir.join(format!(".{}.tmp", file.file_name()));
+        let mode = if file == CodeFile::Secret { 0o600 } else { 0o644 };
+        let mut out = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)
+            .await
+            .map_err(io_at(&tmp))?;
+        out.write_all(bytes).await.map_err(io_at(&tmp))?;
+        flush_and_sync(&mut out).await.map_err(io_at(&tmp))?;
+        let target = dir.join(file.file_name());
+        tokio::fs::rename(&tmp, &target).await.map_err(io_at(&target))?;
+        Ok(target)
+    }
+
+    /// Whether this store holds topology `id`'s definition (installed last by a replica, so
+    /// its presence means the whole code is here).
+    pub async fn holds(&self, id: &TopologyId) -> bool {
+        let dir = self.topology_dir(id);
+        let file = CodeFile::Topology.file_name();
+        tokio::fs::try_exists(dir.join(file)).await.unwrap_or(false)
+            && tokio::fs::try_exists(dir.join(format!("{file}.sha256"))).await.unwrap_or(false)
     }
 
     /// Opens an installed code file for download.

@@ -1,10 +1,13 @@
 //! Nimbus as a whole: its configuration and the `run` entry the `squall nimbus` command calls.
 //!
-//! [`serve`] connects one coordination session, opens the code store, and runs the deadline
-//! timers, the monitor, the consumer-group lag evaluator ([`crate::lag`]) and the HTTP API until `shutdown` or until the session ends. Nimbus keeps nothing
-//! that is not in ZooKeeper or its code dir, so on an expired session it stops and returns
-//! [`NimbusError::SessionEnded`]: the caller exits non-zero and its process manager starts a
-//! fresh nimbus, which re-arms every pending transition from ZooKeeper.
+//! [`serve`] connects one coordination session, opens the code store, joins the leader
+//! election ([`crate::leader`]) and serves the HTTP API and the consumer-group lag evaluator
+//! ([`crate::lag`]) at once; while it follows it copies the leader's code, and once it leads it
+//! runs the deadline timers and the monitor (the leader's duties), until `shutdown` or until the
+//! session ends. Nimbus keeps nothing that is not in ZooKeeper or its code dir, so on an
+//! expired session it stops and returns [`NimbusError::SessionEnded`]: [`run`] then starts over
+//! with a new session as a candidate (a deposed leader rejoins as a follower), and a leader
+//! re-arms every pending transition from ZooKeeper.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,11 +23,13 @@ use crate::assigner::{Assigner, MonitorTimeouts};
 use crate::code_store::{CodeStore, CodeStoreError, CodeStoreLimits};
 use crate::http::{self, ApiConfig, ApiState};
 use crate::lag::{LagMetrics, LagMonitor, LagSettings, Rules};
+use crate::leader::{Election, Leadership, Replicator};
 use crate::limits::TopologyLimits;
 use crate::liveness::Timeouts;
 use crate::metrics::NimbusMetrics;
 use crate::transitions::{DeadlineTimers, Transitions};
 use cluster_state::clock::now_secs;
+use cluster_state::znode::NimbusSummary;
 
 /// Nimbus's settings, with Storm's key names where Storm has the setting.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -54,6 +59,22 @@ pub struct NimbusConfig {
     /// Uploads idle this long are discarded.
     #[serde(rename = "nimbus.file.copy.expiration.secs")]
     pub file_copy_expiration_secs: u64,
+    /// Storm's: the host name other processes reach this machine at; nimbus registers
+    /// `<this>:<nimbus.http.port>` in `/storm/nimbuses` (default: `nimbus.http.host` unless it is
+    /// a wildcard, else `$HOSTNAME`, else `localhost`).
+    #[serde(rename = "storm.local.hostname")]
+    pub hostname: Option<String>,
+    /// Storm's: every nimbus's `host:port` (clients and supervisors try them to find the leader;
+    /// nimbus itself finds the others in ZooKeeper).
+    #[serde(rename = "nimbus.seeds")]
+    pub seeds: Vec<String>,
+    /// Storm's: a submit is acknowledged once this many nimbuses hold the code (or after
+    /// `topology.max.replication.wait.time.sec`).
+    #[serde(rename = "topology.min.replication.count")]
+    pub min_replication_count: u32,
+    /// Storm's: the longest a submit waits for `topology.min.replication.count`.
+    #[serde(rename = "topology.max.replication.wait.time.sec")]
+    pub max_replication_wait_secs: u64,
     /// Squall's: the API's listen address (default loopback: nothing off this machine reaches
     /// nimbus until the operator says so).
     #[serde(rename = "nimbus.http.host")]
@@ -125,6 +146,12 @@ impl Default for NimbusConfig {
             supervisor_timeout_secs: 60,
             // Storm's defaults.yaml: `nimbus.file.copy.expiration.secs: 600`.
             file_copy_expiration_secs: 600,
+            hostname: None,
+            seeds: Vec::new(),
+            // Storm's defaults.yaml: `topology.min.replication.count: 1`,
+            // `topology.max.replication.wait.time.sec: 60`.
+            min_replication_count: 1,
+            max_replication_wait_secs: 60,
             // Loopback unless configured (Storm UI binds every address; Squall's API takes code
             // to run, so it starts closed). SECURITY.md.
             http_host: "127.0.0.1".to_owned(),
@@ -173,6 +200,24 @@ impl NimbusConfig {
         ];
         if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(NimbusError::Config { key, message: "must be at least 1".into() });
+        }
+        if self.min_replication_count == 0 {
+            return Err(NimbusError::Config {
+                key: "topology.min.replication.count",
+                message: "must be at least 1 (the leader itself)".into(),
+            });
+        }
+        if let Some(seed) = self.seeds.iter().find(|s| parse_host_port(s).is_none()) {
+            return Err(NimbusError::Config {
+                key: "nimbus.seeds",
+                message: format!("{seed:?} is not host:port"),
+            });
+        }
+        if self.hostname.as_deref().is_some_and(|h| h.is_empty() || h.contains(['/', ':', ' '])) {
+            return Err(NimbusError::Config {
+                key: "storm.local.hostname",
+                message: "must be a host name (no '/', ':' or spaces)".into(),
+            });
         }
         if self.local_dir.as_os_str().is_empty() {
             return Err(NimbusError::Config { key: "storm.local.dir", message: "must not be empty".into() });
@@ -241,6 +286,24 @@ impl NimbusConfig {
     pub fn nimbus_dir(&self) -> PathBuf {
         self.local_dir.join("nimbus")
     }
+
+    /// The host this nimbus registers under (see `storm.local.hostname`).
+    pub fn advertised_host(&self) -> String {
+        if let Some(host) = &self.hostname {
+            return host.clone();
+        }
+        if !matches!(self.http_host.as_str(), "0.0.0.0" | "::" | "[::]" | "") {
+            return self.http_host.clone();
+        }
+        std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "localhost".to_owned())
+    }
+}
+
+/// `host:port` with a non-empty host and a port number.
+pub fn parse_host_port(value: &str) -> Option<(&str, u16)> {
+    let (host, port) = value.rsplit_once(':')?;
+    let port = port.parse().ok()?;
+    (!host.is_empty() && !host.contains(['/', ' '])).then_some((host, port))
 }
 
 /// Whether `host` (an address or `localhost`) only accepts connections from this machine.
@@ -269,7 +332,9 @@ pub enum NimbusError {
     SessionEnded { state: SessionState },
 }
 
-/// Validates `config`, binds the API, and [`serve`]s until `shutdown`.
+/// Validates `config`, binds the API, and [`serve`]s until `shutdown`. The caller decides what
+/// a [`NimbusError::SessionEnded`] means; `squall nimbus` runs this again (a new session, a
+/// new candidate), see [`run_rejoining`].
 pub async fn run(
     config: NimbusConfig,
     ensemble: Ensemble,
@@ -282,6 +347,28 @@ pub async fn run(
         .await
         .map_err(|source| NimbusError::Bind { address: address.clone(), source })?;
     serve(config, listener, ensemble, registry, shutdown).await
+}
+
+/// [`run`] again after every session end until `shutdown`: a leader whose session expired
+/// (stopped, cut off) steps down and rejoins the election as a follower. Each round gets a
+/// fresh registry from `registry` (its counters start again, as after a restart).
+pub async fn run_rejoining(
+    config: NimbusConfig,
+    ensemble: Ensemble,
+    registry: impl Fn() -> prometheus::Registry,
+    shutdown: CancellationToken,
+) -> Result<(), NimbusError> {
+    loop {
+        match run(config.clone(), ensemble.clone(), &registry(), shutdown.clone()).await {
+            Err(NimbusError::SessionEnded { state }) if !shutdown.is_cancelled() => {
+                tracing::warn!(
+                    ?state,
+                    "the ZooKeeper session ended: stepping down, rejoining with a new session"
+                );
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Runs nimbus on an already bound `listener` (tests and `squall local` bind port 0 and read
@@ -324,33 +411,71 @@ pub async fn serve(
         },
         supervisor_timeout_secs: config.supervisor_timeout_secs,
     };
+    let leadership = Leadership::candidate();
     let assigner = Arc::new(
         Assigner::new(session.clone(), paths.clone(), code.clone(), timeouts, metrics.clone())
-            .with_limits(config.topology_limits()),
+            .with_limits(config.topology_limits())
+            .with_leadership(leadership.clone()),
     );
-    let transitions =
-        Arc::new(Transitions::new(session.clone(), paths, code.clone(), assigner.clone(), metrics));
+    let transitions = Arc::new(
+        Transitions::new(session.clone(), paths.clone(), code.clone(), assigner.clone(), metrics)
+            .with_leadership(leadership.clone()),
+    );
     let monitor_freq = Duration::from_secs(config.monitor_freq_secs);
     let (timers, timer_handle) = DeadlineTimers::new(transitions.clone(), monitor_freq);
+    let start_secs = now_secs();
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or(config.http_port);
+    let me = NimbusSummary {
+        host: config.advertised_host(),
+        port,
+        start_time_secs: start_secs,
+        uptime_secs: 0,
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        is_leader: false,
+    };
+    let replicator = Replicator::new(
+        session.clone(),
+        paths.clone(),
+        code.clone(),
+        me.address(),
+        config.http_token.clone(),
+        config.max_upload_bytes,
+    );
+    let election = Election::new(
+        session.clone(),
+        paths,
+        leadership.clone(),
+        me.clone(),
+        replicator.clone(),
+        monitor_freq,
+    );
     let api = Arc::new(ApiState {
         transitions: transitions.clone(),
         assigner: assigner.clone(),
         registry: registry.clone(),
         timers: timer_handle,
-        config: ApiConfig { token: config.http_token.clone(), ..Default::default() },
-        nimbus_start_secs: now_secs(),
+        config: ApiConfig {
+            token: config.http_token.clone(),
+            min_replication_count: config.min_replication_count as usize,
+            max_replication_wait: Duration::from_secs(config.max_replication_wait_secs),
+            ..Default::default()
+        },
+        nimbus_start_secs: start_secs,
+        leadership: leadership.clone(),
+        replicator: Some(replicator.clone()),
     });
     if let Ok(address) = listener.local_addr() {
-        tracing::info!(%address, "nimbus API listening");
+        tracing::info!(%address, registered_as = %me.address(), "nimbus API listening");
     }
 
     let children = shutdown.child_token();
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(timers.run(children.clone()));
     tasks.spawn(http::run(listener, api, children.clone()));
     tasks.spawn(expire_uploads(code, monitor_freq, children.clone()));
-    tasks.spawn(monitor(assigner, transitions, monitor_freq, children.clone()));
     tasks.spawn(lag.run(children.clone()));
+    let duties =
+        LeaderDuties { election, replicator, leadership, assigner, transitions, timers, every: monitor_freq };
+    tasks.spawn(duties.run(children.clone()));
 
     let mut states = session.state_changes();
     let ended = tokio::select! {
@@ -374,6 +499,47 @@ pub async fn serve(
     match ended {
         Some(state) => Err(NimbusError::SessionEnded { state }),
         None => Ok(()),
+    }
+}
+
+/// What a nimbus does about the leadership: campaign (copying the code meanwhile), then, once
+/// it leads, the leader's duties: the deadline timers and the monitor.
+struct LeaderDuties {
+    election: Election,
+    replicator: Replicator,
+    leadership: Leadership,
+    assigner: Arc<Assigner>,
+    transitions: Arc<Transitions>,
+    timers: DeadlineTimers,
+    every: Duration,
+}
+
+impl LeaderDuties {
+    async fn run(self, cancel: CancellationToken) {
+        let LeaderDuties { election, replicator, leadership, assigner, transitions, timers, every } = self;
+        let campaign = async {
+            loop {
+                match election.run(&cancel).await {
+                    Ok(won) => return won,
+                    Err(e) if e.is_session_lost() => return false,
+                    Err(e) => {
+                        tracing::warn!("leader election: {e}; trying again");
+                        tokio::select! {
+                            _ = cancel.cancelled() => return false,
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        }
+                    }
+                }
+            }
+        };
+        let (won, ()) = tokio::join!(campaign, replicator.run(leadership, every, cancel.clone()));
+        if !won {
+            return;
+        }
+        // A new leader rebuilds everything from ZooKeeper: the assigner's memory starts empty
+        // (with a launch grace for every executor) and the timers re-arm stored deadlines.
+        assigner.took_leadership(now_secs()).await;
+        tokio::join!(timers.run(cancel.clone()), monitor(assigner, transitions, every, cancel.clone()));
     }
 }
 

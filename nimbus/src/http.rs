@@ -23,16 +23,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cluster_state::api::{
-    self, BeginUpload, BodyError, ChunkReceived, ClusterSummary, ErrorBody, FinishUpload, Operation,
-    RebalanceRequest, Route, RouteError, SubmitTopology, Submitted, SupervisorSummaries, TargetGroup,
-    TopologyDetail, TopologyError, TopologyErrors, TopologyOperation, TopologySummaries, UploadBegun,
-    UploadFinished, UploadId,
+    self, BeginUpload, BodyError, ChunkReceived, ClusterSummary, ErrorBody, FinishUpload, NimbusSummaries,
+    NimbusSummaryView, Operation, RebalanceRequest, Route, RouteError, SubmitTopology, Submitted,
+    SupervisorSummaries, TargetGroup, TopologyDetail, TopologyError, TopologyErrors, TopologyOperation,
+    TopologySummaries, UploadBegun, UploadFinished, UploadId,
 };
 use cluster_state::code::CodeFile;
 use cluster_state::coord;
 use cluster_state::http::{Peer, ServeOptions};
 use cluster_state::ids::TopologyId;
 use cluster_state::secrets;
+use cluster_state::znode::NimbusSummary;
 use futures::TryStreamExt;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited, StreamBody};
@@ -47,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::assigner::{Assigner, SubmitError, SubmitRequest};
 use crate::code_store::CodeStoreError;
+use crate::leader::{self, Leadership, Replicator};
 use crate::lifecycle::{Event, LifecycleError};
 use crate::state;
 use crate::transitions::{Applied, TimerHandle, TransitionError, Transitions};
@@ -54,6 +56,9 @@ use cluster_state::clock::now_secs;
 
 /// The header carrying a code file's SHA-256 (lowercase hex) on download.
 pub use cluster_state::api::CHECKSUM_HEADER;
+
+/// How long a mutating call waits, on a nimbus with no leader elected, for this nimbus to win.
+const ELECTION_WAIT: Duration = Duration::from_secs(5);
 
 /// Limits and settings of the API.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +73,11 @@ pub struct ApiConfig {
     pub version: String,
     /// A client has this long to send its request headers (slow clients hold a connection).
     pub header_read_timeout: Duration,
+    /// `topology.min.replication.count`: nimbuses holding a topology's code before its submit
+    /// is acknowledged.
+    pub min_replication_count: usize,
+    /// `topology.max.replication.wait.time.sec`: the longest a submit waits for that.
+    pub max_replication_wait: Duration,
 }
 
 impl Default for ApiConfig {
@@ -80,6 +90,9 @@ impl Default for ApiConfig {
             max_chunk_bytes: 8 * 1024 * 1024,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             header_read_timeout: Duration::from_secs(30),
+            // Storm's defaults.yaml.
+            min_replication_count: 1,
+            max_replication_wait: Duration::from_secs(60),
         }
     }
 }
@@ -95,6 +108,10 @@ pub struct ApiState {
     pub config: ApiConfig,
     /// When this nimbus started, epoch seconds.
     pub nimbus_start_secs: u64,
+    /// Whether this nimbus leads: a follower refuses every POST, naming the leader.
+    pub leadership: Leadership,
+    /// Code replication, for a submit to wait for `min_replication_count` copies (none: no wait).
+    pub replicator: Option<Replicator>,
 }
 
 type Body = BoxBody<Bytes, io::Error>;
@@ -116,11 +133,26 @@ struct ApiError {
     status: StatusCode,
     message: String,
     allow: Option<&'static str>,
+    /// A follower's refusal: `Some(leader address, if known)`.
+    not_leader: Option<Option<String>>,
 }
 
 impl ApiError {
     fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into(), allow: None }
+        ApiError { status, message: message.into(), allow: None, not_leader: None }
+    }
+
+    /// A follower's answer to a mutating call: 503 with the leader's address when known.
+    fn not_leader(leader: Option<String>) -> Self {
+        let message = match &leader {
+            Some(leader) => format!("this nimbus is not the leader; the leader is {leader}"),
+            None => {
+                "this nimbus is not the leader and no leader is elected yet; try again shortly".to_owned()
+            }
+        };
+        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, message);
+        e.not_leader = Some(leader);
+        e
     }
 
     fn bad_request(message: impl Into<String>) -> Self {
@@ -154,7 +186,9 @@ impl From<CodeStoreError> for ApiError {
     fn from(e: CodeStoreError) -> Self {
         use CodeStoreError::*;
         let status = match &e {
-            InvalidChecksum { .. } | ChecksumMismatch { .. } => StatusCode::BAD_REQUEST,
+            InvalidChecksum { .. } | ChecksumMismatch { .. } | ReplicaChecksum { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             UnknownUpload { .. } | NoCode { .. } => StatusCode::NOT_FOUND,
             TooLarge { .. } | PastDeclaredSize { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             TooManyUploads { .. } | TooManyUploadsFromClient { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -226,8 +260,12 @@ fn full(bytes: impl Into<Bytes>) -> Body {
 fn error_response(e: ApiError) -> Response<Body> {
     let error = e.status.canonical_reason().unwrap_or("Error").to_owned();
     // A message may quote a topology file (a submit refused for its params).
-    let error_message = secrets::redact_known(&e.message).into_owned();
-    let mut response = json_response(e.status, &ErrorBody { error, error_message });
+    let mut body = ErrorBody::new(error, secrets::redact_known(&e.message).into_owned());
+    if let Some(leader) = e.not_leader {
+        body.not_leader = true;
+        body.leader = leader;
+    }
+    let mut response = json_response(e.status, &body);
     if let Some(allow) = e.allow {
         response.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
     }
@@ -284,6 +322,19 @@ async fn dispatch(state: &ApiState, request: Request<Incoming>) -> Result<Respon
     let code_file = matches!(route, Ok(Route::Code(..)) | Err(api::InvalidSegment::CodeFile(_)));
     if wanted == Method::POST || code_file {
         authorize(state, &request)?;
+        if !state.leadership.is_leader() {
+            let t = &state.transitions;
+            let mut leader = leader::leader_address(t.session(), t.paths()).await.unwrap_or_default();
+            if leader.is_none() {
+                // An election is under way (a nimbus just started, or the leader just went):
+                // this nimbus may win it in a moment, so the call waits a little for that.
+                let _ = tokio::time::timeout(ELECTION_WAIT, state.leadership.leading()).await;
+                leader = leader::leader_address(t.session(), t.paths()).await.unwrap_or_default();
+            }
+            if !state.leadership.is_leader() {
+                return Err(ApiError::not_leader(leader));
+            }
+        }
     }
     let route = route.map_err(|segment| match segment {
         // A name nimbus has no file for, like an unknown id.
@@ -294,6 +345,7 @@ async fn dispatch(state: &ApiState, request: Request<Incoming>) -> Result<Respon
     match route {
         Route::ClusterSummary => ok(&cluster_summary(state).await?),
         Route::SupervisorSummary => ok(&supervisor_summary(state).await?),
+        Route::NimbusSummary => ok(&nimbus_summary(state).await?),
         Route::TopologySummary => ok(&topology_summary(state).await?),
         Route::PrometheusTargets => {
             // nimbus is where Prometheus reached it; the others published their endpoints.
@@ -366,6 +418,26 @@ async fn supervisor_summary(state: &ApiState) -> Result<SupervisorSummaries, Api
     Ok(SupervisorSummaries { supervisors: snapshot(state).await?.supervisor_summaries() })
 }
 
+/// Every registered nimbus, Storm UI's way; a nimbus that runs no election lists itself.
+async fn nimbus_summary(state: &ApiState) -> Result<NimbusSummaries, ApiError> {
+    let t = &state.transitions;
+    let now = now_secs();
+    let view = |n: NimbusSummary| {
+        let up = now.saturating_sub(n.start_time_secs);
+        NimbusSummaryView {
+            status: if n.is_leader { NimbusSummaryView::LEADER } else { NimbusSummaryView::NOT_A_LEADER }
+                .to_owned(),
+            host: n.host,
+            port: n.port,
+            version: n.version,
+            nimbus_up_time: crate::views::pretty_uptime(up),
+            nimbus_up_time_seconds: up,
+        }
+    };
+    let nimbuses = leader::nimbuses(t.session(), t.paths()).await?.into_iter().map(view).collect();
+    Ok(NimbusSummaries { nimbuses })
+}
+
 async fn topology_summary(state: &ApiState) -> Result<TopologySummaries, ApiError> {
     Ok(TopologySummaries { topologies: snapshot(state).await?.topology_summaries() })
 }
@@ -432,6 +504,19 @@ async fn submit(state: &ApiState, body: SubmitTopology) -> Result<Submitted, Api
         owner: body.owner,
     };
     let (id, base) = state.assigner.submit(request).await?;
+    if let Some(replicator) = &state.replicator {
+        if let Err(e) = replicator.record_own_copy(&id).await {
+            tracing::warn!(topology = %id, "cannot record the leader's copy of the code: {e}");
+        }
+        let (min, within) = (state.config.min_replication_count, state.config.max_replication_wait);
+        let held = replicator.wait_for_replicas(&id, min, within).await;
+        if held < min {
+            tracing::warn!(
+                topology = %id, held, min,
+                "topology.min.replication.count not reached within topology.max.replication.wait.time.sec; acknowledging anyway"
+            );
+        }
+    }
     Ok(Submitted { id, name: base.name, status: base.status.as_str().to_owned(), workers: base.num_workers })
 }
 

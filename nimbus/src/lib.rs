@@ -19,6 +19,8 @@
 //! - [`http`]: the HTTP/JSON API (Storm UI REST shapes), served by `http::run`.
 //! - [`lag`]: consumer-group lag of every group under `/consumers`, judged with Burrow's rules
 //!   on an interval and exported under kafka_exporter's, Burrow's and Squall's names.
+//! - [`leader`]: high availability: the leader election (`/leader-lock`), the registry of
+//!   nimbuses (`/nimbuses`), fenced leader writes and code replication to followers.
 //! - [`lifecycle`]: the topology state machine (active, inactive, rebalancing, killed) as a pure
 //!   function over the stored base record, delayed transitions included.
 //! - [`limits`]: how large a topology may be (tasks, executors, assignment bytes), checked at
@@ -41,6 +43,7 @@ pub mod code_store;
 pub mod daemon;
 pub mod http;
 pub mod lag;
+pub mod leader;
 pub mod lifecycle;
 pub mod limits;
 pub mod liveness;
@@ -50,4 +53,4 @@ pub mod state;
 pub mod transitions;
 pub mod views;
 
-pub use daemon::{NimbusConfig, NimbusError, run, serve};
+pub use daemon::{NimbusConfig, NimbusError, run, run_rejoining, serve};

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::code_store::{CodeStore, CodeStoreError};
+use crate::leader::{self, Leadership};
 use crate::lifecycle::{self, Event, LifecycleError, Outcome};
 use crate::metrics::NimbusMetrics;
 use crate::state;
@@ -118,6 +119,7 @@ pub struct Transitions {
     code: CodeStore,
     rescheduler: Arc<dyn Rescheduler>,
     metrics: NimbusMetrics,
+    leadership: Leadership,
 }
 
 impl Transitions {
@@ -128,7 +130,17 @@ impl Transitions {
         rescheduler: Arc<dyn Rescheduler>,
         metrics: NimbusMetrics,
     ) -> Self {
-        Transitions { session, paths, code, rescheduler, metrics }
+        Transitions { session, paths, code, rescheduler, metrics, leadership: Leadership::standalone() }
+    }
+
+    /// The same transitions writing only while `leadership` leads, every write fenced.
+    pub fn with_leadership(mut self, leadership: Leadership) -> Self {
+        self.leadership = leadership;
+        self
+    }
+
+    pub fn leadership(&self) -> &Leadership {
+        &self.leadership
     }
 
     pub fn metrics(&self) -> &NimbusMetrics {
@@ -200,8 +212,10 @@ impl Transitions {
                     Err(e) => return Err(e),
                 },
             };
-            match self.session.set(&path, &written.encode(), Some(stat.version)).await {
-                Ok(_) => {
+            match leader::set(&self.session, &self.leadership, &path, &written.encode(), Some(stat.version))
+                .await
+            {
+                Ok(()) => {
                     tracing::info!(topology = %id, event = ?event, status = %written.status, "transition applied");
                     return Ok(Applied::Updated(written));
                 }
@@ -220,7 +234,7 @@ impl Transitions {
     /// not an error, so a removal interrupted by a crash can simply run again.
     pub async fn remove(&self, id: &TopologyId, storm_version: Option<i32>) -> Result<(), TransitionError> {
         self.remove_all_but_base(id).await?;
-        match self.session.delete(&self.paths.storm(id), storm_version).await {
+        match leader::delete(&self.session, &self.leadership, &self.paths.storm(id), storm_version).await {
             Ok(()) | Err(coord::Error::NoNode { .. }) => {}
             Err(e) => return Err(e.into()),
         }
@@ -230,12 +244,14 @@ impl Transitions {
 
     async fn remove_all_but_base(&self, id: &TopologyId) -> Result<(), TransitionError> {
         // The assignment first: supervisors watch it and stop the workers as soon as it goes.
-        match self.session.delete(&self.paths.assignment(id), None).await {
+        let (session, leadership) = (&self.session, &self.leadership);
+        match leader::delete(session, leadership, &self.paths.assignment(id), None).await {
             Ok(()) | Err(coord::Error::NoNode { .. }) => {}
             Err(e) => return Err(e.into()),
         }
-        self.session.delete_recursive(&self.paths.workerbeats_topology(id)).await?;
-        self.session.delete_recursive(&self.paths.errors_topology(id)).await?;
+        leader::delete_recursive(session, leadership, &self.paths.workerbeats_topology(id)).await?;
+        leader::delete_recursive(session, leadership, &self.paths.errors_topology(id)).await?;
+        leader::delete_recursive(session, leadership, &self.paths.blobstore_topology(id)).await?;
         self.code.remove(id).await?;
         Ok(())
     }
@@ -251,7 +267,12 @@ impl Transitions {
         let present: std::collections::BTreeSet<String> =
             self.session.children_or_empty(&self.paths.storms_dir()).await?.into_iter().collect();
         let mut orphans = std::collections::BTreeSet::new();
-        for dir in [self.paths.assignments_dir(), self.paths.workerbeats_dir(), self.paths.errors_dir()] {
+        for dir in [
+            self.paths.assignments_dir(),
+            self.paths.workerbeats_dir(),
+            self.paths.errors_dir(),
+            self.paths.blobstore_dir(),
+        ] {
             for name in self.session.children_or_empty(&dir).await? {
                 if let Ok(id) = name.parse::<TopologyId>() {
                     orphans.insert(id);

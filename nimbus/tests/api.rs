@@ -28,6 +28,7 @@ use cluster_state::znode::{
 use nimbus::assigner::{Assigner, MonitorTimeouts};
 use nimbus::code_store::{CodeFile, CodeStore, CodeStoreLimits, sha256_hex};
 use nimbus::http::{ApiConfig, ApiState, CHECKSUM_HEADER};
+use nimbus::leader::Leadership;
 use nimbus::lifecycle::Event;
 use nimbus::metrics::NimbusMetrics;
 use nimbus::transitions::{DeadlineTimers, Transitions};
@@ -91,6 +92,8 @@ impl Nimbus {
             timers: handle,
             config,
             nimbus_start_secs: now_secs(),
+            leadership: Leadership::standalone(),
+            replicator: None,
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

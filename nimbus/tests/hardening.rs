@@ -23,6 +23,7 @@ use cluster_state::znode::{
 use nimbus::NimbusConfig;
 use nimbus::assignments::{AssignmentWriteError, write_assignment};
 use nimbus::code_store::{CodeStore, CodeStoreError, CodeStoreLimits, sha256_hex};
+use nimbus::leader::Leadership;
 use nimbus_client::{ClientError, NimbusClient};
 use test_harness::{ZkServer, eventually, eventually_true};
 use tokio::net::TcpListener;
@@ -296,7 +297,9 @@ async fn assignments_are_written_as_compare_and_set_of_what_was_read() {
     session.create(&paths.storm(&id), &base.encode(), persistent).await.unwrap();
     let write = |storm: i32, read: Option<i32>, a: Assignment| {
         let (session, paths, id) = (session.clone(), paths.clone(), id.clone());
-        async move { write_assignment(&session, &paths, &id, storm, read, &a).await.unwrap() }
+        async move {
+            write_assignment(&session, &Leadership::standalone(), &paths, &id, storm, read, &a).await.unwrap()
+        }
     };
     let stored = || async {
         session.read::<Assignment>(&paths.assignment(&id)).await.ok().map(|(a, s)| (a, s.version))

@@ -91,6 +91,15 @@ impl CodeSync {
         }
     }
 
+    /// Code under `<local_dir>/stormdist`, fetched from whichever of the nimbuses at `seeds`
+    /// holds it (HA: a nimbus that is down or lacks the code is skipped). One round over the
+    /// seeds per download: the supervisor's own backoff (2 s doubling) tries again.
+    pub fn with_seeds(seeds: Vec<String>, local_dir: &Path) -> Self {
+        let mut nimbus = NimbusClient::with_seeds(seeds, None);
+        nimbus.failover = Duration::ZERO;
+        CodeSync { nimbus, stormdist: local_dir.join("stormdist"), timeout: Duration::from_secs(300) }
+    }
+
     /// Where a topology's code lives here.
     pub fn topology_dir(&self, topology: &TopologyId) -> PathBuf {
         self.stormdist.join(topology.as_str())
@@ -195,8 +204,11 @@ impl CodeSync {
                 CodeError::Status { topology: topology.clone(), file, status, body: message }
             }
             ClientError::Unreachable { address, reason } => CodeError::Nimbus { nimbus: address, reason },
+            other @ ClientError::NotLeader { .. } => {
+                CodeError::Nimbus { nimbus: self.nimbus.current(), reason: other.to_string() }
+            }
             other @ ClientError::BadAnswer { .. } => {
-                CodeError::Nimbus { nimbus: self.nimbus.address.clone(), reason: other.to_string() }
+                CodeError::Nimbus { nimbus: self.nimbus.current(), reason: other.to_string() }
             }
         };
         let mut download = self.nimbus.download_code(topology, file).await.map_err(from_client)?;

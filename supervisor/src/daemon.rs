@@ -69,6 +69,10 @@ pub struct SupervisorConfig {
     /// Squall's: nimbus's token, which code downloads need (the same key nimbus reads).
     #[serde(rename = "nimbus.http.token")]
     pub nimbus_token: Option<String>,
+    /// Storm's: every nimbus's `host:port`; code is downloaded from whichever holds it (the
+    /// nimbuses registered in `/storm/nimbuses` are tried too). Empty: `nimbus.http.address`.
+    #[serde(rename = "nimbus.seeds")]
+    pub seeds: Vec<String>,
     /// Squall's: the port of this supervisor's Prometheus `/metrics` (0: any free port; the
     /// endpoint is published in `/storm/supervisors/<id>` for discovery either way).
     #[serde(rename = "supervisor.metrics.port")]
@@ -92,6 +96,7 @@ impl Default for SupervisorConfig {
             worker_shutdown_sleep_secs: 3,
             nimbus_address: "127.0.0.1:8080".to_owned(),
             nimbus_token: None,
+            seeds: Vec::new(),
             metrics_port: 0,
         }
     }
@@ -238,7 +243,9 @@ pub async fn run(
             reason: format!("cannot create {}: {e}", dir.display()),
         })?;
     }
-    let mut code = CodeSync::new(config.nimbus_address.clone(), &config.local_dir);
+    let configured_seeds =
+        if config.seeds.is_empty() { vec![config.nimbus_address.clone()] } else { config.seeds.clone() };
+    let mut code = CodeSync::with_seeds(configured_seeds.clone(), &config.local_dir);
     code.nimbus.token = config.nimbus_token.clone();
     let timeouts = WorkerTimeouts {
         heartbeat_secs: config.worker_timeout_secs,
@@ -307,6 +314,13 @@ pub async fn run(
         }
         let mut changed = None;
         if let Some(s) = &session {
+            // Nimbus HA: the nimbuses registered in ZooKeeper are code sources too, after the
+            // configured ones.
+            if let Ok(registered) = s.children_or_empty(&paths.nimbuses_dir()).await {
+                let mut seeds = configured_seeds.clone();
+                seeds.extend(registered.into_iter().filter(|n| !configured_seeds.contains(n)));
+                code.nimbus.seeds = seeds;
+            }
             // Arm the watch before reading, so a change during the round triggers the next one.
             changed = s.children_watch(&paths.assignments_dir()).await.ok().map(|(_, w)| w);
             match read_assignments(s, &paths).await {

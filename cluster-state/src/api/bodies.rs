@@ -12,13 +12,68 @@ use serde::{Deserialize, Serialize};
 use crate::api::UploadId;
 use crate::ids::{ComponentId, SupervisorId, TopologyId, TopologyName};
 
-/// Every error: `{"error": "<reason phrase>", "errorMessage": "<what is wrong>"}`.
+/// Every error: `{"error": "<reason phrase>", "errorMessage": "<what is wrong>"}`. A nimbus
+/// that is not the leader refuses a mutating call with a 503 and adds `"leader": "host:port"`
+/// when it knows who leads, for the client to call there instead.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ErrorBody {
     /// The HTTP reason phrase, e.g. `Bad Request`.
     pub error: String,
     pub error_message: String,
+    /// Set only on a follower's refusal: the leader's API address, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+    /// Set only on a follower's refusal (`true` even when no leader is known yet).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub not_leader: bool,
+}
+
+impl ErrorBody {
+    /// An error body without a leader hint.
+    pub fn new(error: impl Into<String>, error_message: impl Into<String>) -> Self {
+        ErrorBody {
+            error: error.into(),
+            error_message: error_message.into(),
+            leader: None,
+            not_leader: false,
+        }
+    }
+}
+
+/// `GET /api/v1/nimbus/summary`: every live nimbus and who leads (Storm UI's shape).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NimbusSummaries {
+    pub nimbuses: Vec<NimbusSummaryView>,
+}
+
+/// One nimbus of [`NimbusSummaries`], with Storm UI's keys.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NimbusSummaryView {
+    pub host: String,
+    pub port: u16,
+    /// `Leader`, `Not a Leader` (Storm UI's words) or `Offline` (a seed that is not registered).
+    pub status: String,
+    pub version: String,
+    pub nimbus_up_time: String,
+    pub nimbus_up_time_seconds: u64,
+}
+
+impl NimbusSummaryView {
+    /// Storm UI's status of a leader.
+    pub const LEADER: &'static str = "Leader";
+    /// Storm UI's status of a follower.
+    pub const NOT_A_LEADER: &'static str = "Not a Leader";
+
+    /// `host:port`.
+    pub fn address(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.status == Self::LEADER
+    }
 }
 
 /// `GET /api/v1/cluster/summary`.

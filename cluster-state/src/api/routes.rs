@@ -4,6 +4,7 @@
 //! ```text
 //! GET  /api/v1/cluster/summary                    ClusterSummary
 //! GET  /api/v1/supervisor/summary                 SupervisorSummaries
+//! GET  /api/v1/nimbus/summary                     NimbusSummaries (every nimbus, who leads)
 //! GET  /api/v1/topology/summary                   TopologySummaries
 //! GET  /api/v1/topology/:id                       TopologyDetail
 //! GET  /api/v1/topology/:id/errors                TopologyErrors, newest first
@@ -29,6 +30,7 @@ use crate::ids::{IdError, TopologyId};
 pub enum Route {
     ClusterSummary,
     SupervisorSummary,
+    NimbusSummary,
     TopologySummary,
     PrometheusTargets,
     Topology(TopologyId),
@@ -95,8 +97,8 @@ impl Route {
     pub fn method(&self) -> Method {
         use Route::*;
         match self {
-            ClusterSummary | SupervisorSummary | TopologySummary | PrometheusTargets | Topology(_)
-            | TopologyErrors(_) | Code(..) => Method::GET,
+            ClusterSummary | SupervisorSummary | NimbusSummary | TopologySummary | PrometheusTargets
+            | Topology(_) | TopologyErrors(_) | Code(..) => Method::GET,
             Submit
             | Activate(_)
             | Deactivate(_)
@@ -113,6 +115,7 @@ impl Route {
         let rest = match self {
             Route::ClusterSummary => "cluster/summary".to_owned(),
             Route::SupervisorSummary => "supervisor/summary".to_owned(),
+            Route::NimbusSummary => "nimbus/summary".to_owned(),
             Route::TopologySummary => "topology/summary".to_owned(),
             Route::PrometheusTargets => "prometheus/targets".to_owned(),
             Route::Topology(id) => format!("topology/{id}"),
@@ -140,6 +143,7 @@ impl Route {
         let (method, route) = match segments.as_slice() {
             ["cluster", "summary"] => (get, Ok(Route::ClusterSummary)),
             ["supervisor", "summary"] => (get, Ok(Route::SupervisorSummary)),
+            ["nimbus", "summary"] => (get, Ok(Route::NimbusSummary)),
             ["topology", "summary"] => (get, Ok(Route::TopologySummary)),
             ["prometheus", "targets"] => (get, Ok(Route::PrometheusTargets)),
             // Not a topology id (those are `name-counter-secs`), so no id is shadowed.
@@ -190,6 +194,7 @@ mod tests {
         vec![
             Route::ClusterSummary,
             Route::SupervisorSummary,
+            Route::NimbusSummary,
             Route::TopologySummary,
             Route::PrometheusTargets,
             Route::Topology(id.clone()),
@@ -223,6 +228,7 @@ mod tests {
             [
                 "GET /api/v1/cluster/summary",
                 "GET /api/v1/supervisor/summary",
+                "GET /api/v1/nimbus/summary",
                 "GET /api/v1/topology/summary",
                 "GET /api/v1/prometheus/targets",
                 "GET /api/v1/topology/wc-1-1700000000",

@@ -294,6 +294,58 @@ impl ZnodeData for SupervisorInfo {
     }
 }
 
+/// A live nimbus, at `/storm/nimbuses/<host:port>` (ephemeral; Storm's `NimbusSummary`).
+///
+/// ```json
+/// {"version":1,"host":"nimbus1","port":8080,"start_time_secs":1700000000,"uptime_secs":0,
+///  "squall_version":"0.1.0","is_leader":false}
+/// ```
+/// (one line in the znode). Written when the nimbus joins and again when it becomes leader, so
+/// `uptime_secs` is as of the last write; readers compute the uptime from `start_time_secs`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct NimbusSummary {
+    /// The host clients reach its API at.
+    pub host: String,
+    /// Its API port.
+    pub port: u16,
+    /// When it started, seconds since the epoch.
+    pub start_time_secs: u64,
+    /// Seconds it had been up when this was written.
+    pub uptime_secs: u64,
+    /// Squall version of the nimbus.
+    #[serde(rename = "squall_version")]
+    pub version: String,
+    /// Whether it holds the leadership.
+    pub is_leader: bool,
+}
+
+impl NimbusSummary {
+    /// `host:port`, the node's name and what clients connect to.
+    pub fn address(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+}
+
+impl ZnodeData for NimbusSummary {
+    const FORMAT: &'static str = "nimbus-summary v1 JSON";
+
+    fn encode(&self) -> Vec<u8> {
+        JsonObject::versioned(1)
+            .field("host", self.host.as_str())
+            .field("port", self.port)
+            .field("start_time_secs", self.start_time_secs)
+            .field("uptime_secs", self.uptime_secs)
+            .field("squall_version", self.version.as_str())
+            .field("is_leader", self.is_leader)
+            .finish()
+            .into_bytes()
+    }
+
+    fn decode(path: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
+        decode_json::<Self>(path, bytes, 1..=1).map(|(_, info)| info)
+    }
+}
+
 /// Counters and average latencies of one executor since its worker started.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct ExecutorStats {

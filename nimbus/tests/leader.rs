@@ -1,0 +1,254 @@
+//! Nimbus HA (issue 17) as stories of whole nimbus daemons (`nimbus::serve`) sharing one chroot
+//! of a real ZooKeeper: one leader among three, a follower's refusal naming the leader and a
+//! client following it, failover when the leader's session ends, the leader fence (a leader
+//! whose election node is gone writes nothing), and a follower that lacks a topology's code
+//! not leading until it has copied it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use cluster_state::api::SubmitTopology;
+use cluster_state::clock::now_secs;
+use cluster_state::coord::{CreateMode, Ensemble, Session, SessionOptions};
+use cluster_state::ids::{SupervisorId, TopologyId};
+use cluster_state::paths::StormPaths;
+use cluster_state::znode::{NimbusSummary, StormBase, SupervisorInfo, TopologyStatus, ZnodeData};
+use nimbus::NimbusConfig;
+use nimbus_client::{ClientError, NimbusClient};
+use test_harness::{ZkServer, eventually};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// One nimbus daemon: its address, dir and stop switch.
+struct Nimbus {
+    address: String,
+    dir: tempfile::TempDir,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), nimbus::NimbusError>>,
+}
+
+impl Nimbus {
+    async fn start(ensemble: &Ensemble, dir: tempfile::TempDir) -> Nimbus {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let config = NimbusConfig {
+            local_dir: dir.path().to_owned(),
+            hostname: Some("127.0.0.1".into()),
+            monitor_freq_secs: 1,
+            zookeeper_session_timeout_ms: 4000,
+            ..Default::default()
+        };
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn({
+            let (shutdown, ensemble) = (shutdown.clone(), ensemble.clone());
+            async move { nimbus::serve(config, listener, ensemble, &prometheus::Registry::new(), shutdown).await }
+        });
+        Nimbus { address, dir, shutdown, task }
+    }
+
+    /// Stops it the way a process exit does: its session closes, its ephemerals go.
+    async fn stop(self) -> tempfile::TempDir {
+        self.shutdown.cancel();
+        let ended = tokio::time::timeout(Duration::from_secs(10), self.task).await.unwrap().unwrap();
+        assert!(ended.is_ok(), "nimbus ended on its own: {ended:?}");
+        self.dir
+    }
+
+    fn code_dir(&self, id: &TopologyId) -> std::path::PathBuf {
+        self.dir.path().join("nimbus/stormdist").join(id.as_str())
+    }
+}
+
+async fn registered(session: &Session) -> Vec<NimbusSummary> {
+    nimbus::leader::nimbuses(session, &StormPaths::default()).await.unwrap()
+}
+
+/// Waits until `count` nimbuses are registered and exactly one leads; returns the leader.
+async fn one_leader(session: &Session, count: usize) -> String {
+    eventually(DEADLINE, &format!("{count} nimbuses with exactly one leader"), || async {
+        let all = registered(session).await;
+        let leaders: Vec<String> = all.iter().filter(|n| n.is_leader).map(NimbusSummary::address).collect();
+        (all.len() == count && leaders.len() == 1).then(|| leaders[0].clone())
+    })
+    .await
+}
+
+async fn supervisor(session: &Session) {
+    let id = SupervisorId::new("sup-1").unwrap();
+    let info = SupervisorInfo {
+        time_secs: now_secs(),
+        hostname: "host1".into(),
+        supervisor_id: id.clone(),
+        used_ports: vec![],
+        all_ports: vec![6700, 6701],
+        uptime_secs: 1,
+        version: "0".into(),
+        metrics_endpoint: None,
+    };
+    let path = StormPaths::default().supervisor(&id);
+    session.create(&path, &info.encode(), CreateMode::Persistent.with_parents()).await.unwrap();
+}
+
+const TOPOLOGY: &str = "name: wc\nconfig: {topology.workers: 1}\nspouts:\n  - {id: sentences, className: sentence-generator}\n\
+     bolts:\n  - {id: split, className: split-sentence}\n";
+
+async fn submit(client: &NimbusClient, file: &str) -> Result<TopologyId, ClientError> {
+    let upload = client.upload(file.as_bytes(), |_| {}).await?;
+    let request =
+        SubmitTopology { topology_upload: upload, worker_upload: None, inactive: false, owner: "t".into() };
+    Ok(client.submit(&request).await?.id)
+}
+
+async fn start_all(ensemble: &Ensemble, n: usize) -> Vec<Nimbus> {
+    let mut nimbuses = Vec::new();
+    for _ in 0..n {
+        nimbuses.push(Nimbus::start(ensemble, tempfile::tempdir().unwrap()).await);
+    }
+    nimbuses
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_of_three_leads_followers_name_it_and_a_follower_takes_over() {
+    let ensemble = Ensemble::zookeeper(ZkServer::shared().chroot("ha-three").await);
+    let session = ensemble.connect(&SessionOptions::default()).await.unwrap();
+    supervisor(&session).await;
+    let mut nimbuses = start_all(&ensemble, 3).await;
+    let leader = one_leader(&session, 3).await;
+    let paths = StormPaths::default();
+    assert_eq!(session.children(&paths.leader_lock_dir()).await.unwrap().len(), 3, "one election node each");
+
+    // A follower refuses a mutating call and names the leader; reads it serves itself.
+    let follower = nimbuses.iter().find(|n| n.address != leader).unwrap().address.clone();
+    let direct = NimbusClient::new(follower.clone(), None);
+    match direct.upload(b"x", |_| {}).await {
+        Err(ClientError::NotLeader { leader: Some(named), message, .. }) => {
+            assert_eq!(named, leader);
+            assert!(message.contains("not the leader") && message.contains(&leader), "{message}");
+        }
+        other => panic!("a follower must refuse naming {leader}, got {other:?}"),
+    }
+    let summary = direct.nimbus_summary().await.unwrap();
+    let statuses: Vec<(String, String)> =
+        summary.nimbuses.iter().map(|n| (n.address(), n.status.clone())).collect();
+    assert_eq!(statuses.len(), 3, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|(a, s)| *a == leader && s == "Leader").count(), 1, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|(_, s)| s == "Not a Leader").count(), 2, "{statuses:?}");
+
+    // A client given a follower first finds the leader by itself.
+    let mut seeds: Vec<String> = nimbuses.iter().map(|n| n.address.clone()).collect();
+    seeds.sort_by_key(|a| *a == leader);
+    let client = NimbusClient::with_seeds(seeds, None);
+    let id = submit(&client, TOPOLOGY).await.unwrap();
+    assert_eq!(client.current(), leader);
+
+    // Followers copy the code (with its checksum) and record that they hold it.
+    for n in &nimbuses {
+        eventually(DEADLINE, &format!("{} to hold the code", n.address), || async {
+            n.code_dir(&id).join("topology.yaml").exists().then_some(())
+        })
+        .await;
+    }
+    let holders = session.children(&paths.blobstore_topology(&id)).await.unwrap();
+    assert_eq!(holders.len(), 3, "{holders:?}");
+
+    // The leader goes: one of the others leads, and the same client reaches it.
+    let index = nimbuses.iter().position(|n| n.address == leader).unwrap();
+    nimbuses.remove(index).stop().await;
+    let new_leader = one_leader(&session, 2).await;
+    assert_ne!(new_leader, leader);
+    client.deactivate(&id).await.unwrap();
+    let (base, _) = session.read::<StormBase>(&paths.storm(&id)).await.unwrap();
+    assert_eq!(base.status, TopologyStatus::Inactive);
+    assert_eq!(client.current(), new_leader);
+
+    // A kill removes the code from every nimbus, followers included.
+    client.kill(&id, 0).await.unwrap();
+    for n in &nimbuses {
+        eventually(DEADLINE, "the code of the killed topology to go", || async {
+            (!n.code_dir(&id).exists()).then_some(())
+        })
+        .await;
+    }
+    for n in nimbuses {
+        n.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_election_node_is_gone_writes_nothing() {
+    let ensemble = Ensemble::zookeeper(ZkServer::shared().chroot("ha-fence").await);
+    let session = ensemble.connect(&SessionOptions::default()).await.unwrap();
+    supervisor(&session).await;
+    let nimbuses = start_all(&ensemble, 1).await;
+    let leader = one_leader(&session, 1).await;
+    let client = NimbusClient::new(leader.clone(), None);
+    let id = submit(&client, TOPOLOGY).await.unwrap();
+    let paths = StormPaths::default();
+    let (_, before) = session.get(&paths.storm(&id)).await.unwrap();
+
+    // The lock is lost while the leader's session lives on (as when its session expired and
+    // it has not noticed yet): its writes must fail, whatever it believes.
+    for latch in session.children(&paths.leader_lock_dir()).await.unwrap() {
+        session.delete(&coord_join(&paths.leader_lock_dir(), &latch), None).await.unwrap();
+    }
+    let refused = client.deactivate(&id).await;
+    assert!(refused.is_err(), "a write without the lock went through: {refused:?}");
+    let (_, after) = session.get(&paths.storm(&id)).await.unwrap();
+    assert_eq!((after.mzxid, after.version), (before.mzxid, before.version), "the base was written");
+    let (base, _) = session.read::<StormBase>(&paths.storm(&id)).await.unwrap();
+    assert_eq!(base.status, TopologyStatus::Active);
+    for n in nimbuses {
+        n.stop().await;
+    }
+}
+
+fn coord_join(parent: &str, child: &str) -> String {
+    cluster_state::coord::join(parent, child)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_lacking_code_does_not_lead_until_it_has_copied_it() {
+    let ensemble = Ensemble::zookeeper(ZkServer::shared().chroot("ha-code").await);
+    let session = ensemble.connect(&SessionOptions::default()).await.unwrap();
+    supervisor(&session).await;
+    let mut nimbuses = start_all(&ensemble, 1).await;
+    let first = one_leader(&session, 1).await;
+    let id = submit(&NimbusClient::new(first.clone(), None), TOPOLOGY).await.unwrap();
+
+    // The only holder of the code stops; its dir (the code) is kept aside.
+    let kept = nimbuses.remove(0).stop().await;
+    // A new nimbus has no code and nobody to copy it from: it must not lead.
+    let second = Nimbus::start(&ensemble, tempfile::tempdir().unwrap()).await;
+    eventually(DEADLINE, "the second nimbus to register", || async {
+        (registered(&session).await.len() == 1).then_some(())
+    })
+    .await;
+    // Absence over a window (an election takes milliseconds here): polled, so a leader
+    // appearing at any point fails the test.
+    let waited = tokio::time::Instant::now();
+    while waited.elapsed() < Duration::from_secs(4) {
+        let all = registered(&session).await;
+        assert!(all.iter().all(|n| !n.is_leader), "a nimbus without the code leads: {all:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!second.code_dir(&id).exists());
+    let refused = NimbusClient::new(second.address.clone(), None).kill(&id, 0).await;
+    assert!(matches!(refused, Err(ClientError::NotLeader { leader: None, .. })), "{refused:?}");
+
+    // The holder comes back (same dir, so with the code): someone leads, and the newcomer has
+    // the code by then if it is the one.
+    let back = Nimbus::start(&ensemble, kept).await;
+    let leader = one_leader(&session, 2).await;
+    if leader == second.address {
+        assert!(second.code_dir(&id).join("topology.yaml").exists(), "it leads without the code");
+    }
+    eventually(DEADLINE, "the newcomer to copy the code", || async {
+        second.code_dir(&id).join("topology.yaml").exists().then_some(())
+    })
+    .await;
+    back.stop().await;
+    second.stop().await;
+}
