@@ -204,6 +204,28 @@ async fn brokers_down_is_err_not_a_stopped_monitor() {
     cancel.cancel();
 }
 
+/// Nimbus as `squall nimbus` runs it (`serve`), on a free loopback port.
+struct Nimbus {
+    addr: SocketAddr,
+    registry: Registry,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), nimbus::NimbusError>>,
+}
+
+impl Nimbus {
+    async fn serve(config: NimbusConfig, ensemble: Ensemble) -> Nimbus {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let registry = Registry::new();
+        let task = tokio::spawn({
+            let (shutdown, registry) = (shutdown.clone(), registry.clone());
+            async move { nimbus::serve(config, listener, ensemble, &registry, shutdown).await }
+        });
+        Nimbus { addr, registry, shutdown, task }
+    }
+}
+
 fn metrics_page(addr: SocketAddr) -> String {
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: nimbus\r\nConnection: close\r\n\r\n").unwrap();
@@ -232,14 +254,7 @@ async fn nimbus_serves_group_lag_on_metrics_that_promtool_accepts() {
         lag_bootstrap_servers: Some(bootstrap),
         ..Default::default()
     };
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let shutdown = CancellationToken::new();
-    let registry = Registry::new();
-    let nimbus = tokio::spawn({
-        let (shutdown, registry) = (shutdown.clone(), registry.clone());
-        async move { nimbus::serve(config, listener, ensemble, &registry, shutdown).await }
-    });
+    let Nimbus { addr, shutdown, task: nimbus, .. } = Nimbus::serve(config, ensemble).await;
 
     let page = eventually(WITHIN, "the group's lag on nimbus's /metrics", || async move {
         let page = tokio::task::spawn_blocking(move || metrics_page(addr)).await.unwrap();
@@ -291,14 +306,7 @@ async fn prometheus_records_ok_stop_stall_rewind_from_nimbus() {
         lag_bootstrap_servers: Some(bootstrap.clone()),
         ..Default::default()
     };
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let shutdown = CancellationToken::new();
-    let registry = Registry::new();
-    let nimbus = tokio::spawn({
-        let (shutdown, registry) = (shutdown.clone(), registry.clone());
-        async move { nimbus::serve(config, listener, ensemble, &registry, shutdown).await }
-    });
+    let Nimbus { addr, registry, shutdown, task: nimbus } = Nimbus::serve(config, ensemble).await;
     let prometheus = Prometheus::start(
         dir.path(),
         &format!(
