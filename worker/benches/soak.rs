@@ -265,10 +265,11 @@ fn main() -> Result<(), Error> {
     print_resources("after");
     let t = &b.transport;
     println!(
-        "worker B: {} connections open, {} accepted, {} handshakes failed, {} refused at the limit, {} accept errors",
+        "worker B: {} connections open, {} accepted, {} handshakes failed, {} evicted in their handshake, {} refused at the limit, {} accept errors",
         t.connections.load(Ordering::Relaxed),
         t.accepted.load(Ordering::Relaxed),
         t.handshakes_failed.load(Ordering::Relaxed),
+        t.connections_evicted.load(Ordering::Relaxed),
         t.connections_refused.load(Ordering::Relaxed),
         t.accept_errors.load(Ordering::Relaxed),
     );

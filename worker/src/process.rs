@@ -57,8 +57,10 @@ pub struct WorkerConfig {
     pub bind_host: String,
     /// Errors kept per component under `/storm/errors` (Storm keeps 10).
     pub errors_kept: usize,
-    /// Peer connections the worker's port keeps open at once; more are closed as they arrive
-    /// (counted in `squall_worker_transport_connections_refused_total`). A worker has one
+    /// Peer connections the worker's port keeps open at once. At the limit a new connection
+    /// takes the place of the oldest one still in its handshake
+    /// (`squall_worker_transport_connections_evicted_total`), and is closed only when every
+    /// open connection is authenticated (`..._connections_refused_total`). A worker has one
     /// connection from each peer worker of its topology, so the default, 256, is generous.
     pub max_peer_connections: usize,
 }
@@ -161,9 +163,10 @@ struct Metrics {
     envelopes_unsendable: IntCounter,
     handshakes_failed: IntCounter,
     connections_refused: IntCounter,
+    connections_evicted: IntCounter,
     accept_errors: IntCounter,
     connections: prometheus::IntGauge,
-    last: [u64; 9],
+    last: [u64; 10],
 }
 
 impl Metrics {
@@ -192,7 +195,11 @@ impl Metrics {
             )?,
             connections_refused: c(
                 "squall_worker_transport_connections_refused_total",
-                "Inbound peer connections closed at once because the connection limit was reached",
+                "Inbound peer connections closed at once: the connection limit was reached with every connection authenticated",
+            )?,
+            connections_evicted: c(
+                "squall_worker_transport_connections_evicted_total",
+                "Inbound peer connections still in their handshake closed to make room for a new one at the connection limit",
             )?,
             accept_errors: c(
                 "squall_worker_transport_accept_errors_total",
@@ -206,7 +213,7 @@ impl Metrics {
                 registry.register(Box::new(g.clone()))?;
                 g
             },
-            last: [0; 9],
+            last: [0; 10],
         })
     }
 
@@ -222,6 +229,7 @@ impl Metrics {
             transport.envelopes_unsendable.load(Ordering::Relaxed),
             transport.handshakes_failed.load(Ordering::Relaxed),
             transport.connections_refused.load(Ordering::Relaxed),
+            transport.connections_evicted.load(Ordering::Relaxed),
             transport.accept_errors.load(Ordering::Relaxed),
         ];
         let counters = [
@@ -233,6 +241,7 @@ impl Metrics {
             &self.envelopes_unsendable,
             &self.handshakes_failed,
             &self.connections_refused,
+            &self.connections_evicted,
             &self.accept_errors,
         ];
         for (i, c) in counters.iter().enumerate() {

@@ -100,8 +100,12 @@ pub struct TransportStats {
     /// Inbound connections closed for failing the handshake (wrong protocol, topology or
     /// secret, or not done within the deadline).
     pub handshakes_failed: AtomicU64,
-    /// Inbound connections closed at once because the limit was reached.
+    /// Inbound connections closed at once because the limit was reached with every
+    /// connection authenticated.
     pub connections_refused: AtomicU64,
+    /// Inbound connections still in their handshake closed to make room for a new one at the
+    /// limit (the oldest first).
+    pub connections_evicted: AtomicU64,
     /// Failed accepts (out of descriptors, say).
     pub accept_errors: AtomicU64,
     /// Inbound connections open now (a gauge).
@@ -536,13 +540,21 @@ mod tests {
         let receiver = PeerReceiver::start("127.0.0.1", 0, setup).unwrap();
         let idle: Vec<TcpStream> =
             (0..10).map(|_| TcpStream::connect(receiver.local_addr()).unwrap()).collect();
-        poll_until("six refused", || stats.connections_refused.load(Ordering::Relaxed) >= 6);
+        // At the limit, each new connection takes the place of the oldest one still in its
+        // handshake: never more than 4 open.
+        poll_until("six evicted", || stats.connections_evicted.load(Ordering::Relaxed) >= 6);
         assert_eq!(stats.connections.load(Ordering::Relaxed), 4);
-        // Idle connections that never say hello are closed at the handshake deadline.
-        poll_until("idle connections closed", || stats.connections.load(Ordering::Relaxed) == 0);
-        assert_eq!(stats.handshakes_failed.load(Ordering::Relaxed), 4);
-        // Then a peer gets in.
-        let _good = connect_as_peer(receiver.local_addr(), "topo-1-1", &secret()).unwrap();
+        // A real peer gets in while the idle connections are held: it evicts one of them.
+        let mut good = Vec::new();
+        for _ in 0..4 {
+            good.push(connect_as_peer(receiver.local_addr(), "topo-1-1", &secret()).unwrap());
+        }
+        poll_until("four peers accepted", || stats.accepted.load(Ordering::Relaxed) == 4);
+        assert_eq!(stats.connections_evicted.load(Ordering::Relaxed), 10);
+        // Every place is taken by an authenticated peer: a new connection is refused.
+        let _late = TcpStream::connect(receiver.local_addr()).unwrap();
+        poll_until("one refused", || stats.connections_refused.load(Ordering::Relaxed) == 1);
+        assert_eq!(stats.connections.load(Ordering::Relaxed), 4);
         drop(idle);
         receiver.stop();
     }

@@ -81,18 +81,34 @@ pub(crate) struct ReceiverSetup {
     pub(crate) max_connections: usize,
 }
 
-/// The open connections, each a handle for shutdown, keyed by a connection number; an entry
-/// lives exactly as long as its receiver thread (removed by [`ConnGuard`]).
+/// An open connection: a handle for shutdown, and whether its peer has authenticated.
+#[derive(Debug)]
+struct Conn {
+    stream: TcpStream,
+    authenticated: Arc<AtomicBool>,
+}
+
+/// The open connections keyed by a connection number (increasing: the smallest is the
+/// oldest); an entry lives as long as its receiver thread (removed by [`ConnGuard`]), or until
+/// it is evicted to make room (its socket is shut down, so its thread ends at once).
 #[derive(Debug, Default)]
 struct Conns {
-    open: Mutex<HashMap<u64, TcpStream>>,
+    open: Mutex<HashMap<u64, Conn>>,
     ended: Condvar,
 }
 
 impl Conns {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, TcpStream>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Conn>> {
         self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// At the connection limit, the connection that makes room for a new one: the oldest still in
+/// its handshake. Idle or slow connections that never authenticate then cannot lock a real
+/// peer out (its handshake takes well under a millisecond on a LAN); only when every
+/// connection is authenticated is a new one refused.
+fn eviction_victim(open: &HashMap<u64, Conn>) -> Option<u64> {
+    open.iter().filter(|(_, c)| !c.authenticated.load(Ordering::Relaxed)).map(|(id, _)| *id).min()
 }
 
 /// Removes its connection from the table when its receiver thread ends, however it ends.
@@ -164,8 +180,8 @@ impl PeerReceiver {
             let _ = t.join();
         }
         let mut open = self.conns.lock();
-        for s in open.values() {
-            let _ = s.shutdown(Shutdown::Both);
+        for c in open.values() {
+            let _ = c.stream.shutdown(Shutdown::Both);
         }
         // A receiver thread blocked handing a batch to a full inbox ends once the executors
         // stop; past the bound it is left behind (its socket is closed already).
@@ -217,18 +233,23 @@ fn accept_loop(listener: &TcpListener, stop: &AtomicBool, conns: &Arc<Conns>, se
         let peer = stream.peer_addr().map_or_else(|_| "?".to_owned(), |a| a.to_string());
         let id = next_id;
         next_id += 1;
+        let authenticated = Arc::new(AtomicBool::new(false));
         {
             let mut open = conns.lock();
             if open.len() >= setup.max_connections {
-                drop(open);
-                setup.stats.connections_refused.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(%peer, max = setup.max_connections, "too many peer connections; closing");
-                let _ = stream.shutdown(Shutdown::Both);
-                continue;
+                let Some(victim) = eviction_victim(&open).and_then(|v| open.remove(&v)) else {
+                    drop(open);
+                    setup.stats.connections_refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%peer, max = setup.max_connections, "too many authenticated peer connections; closing");
+                    let _ = stream.shutdown(Shutdown::Both);
+                    continue;
+                };
+                let _ = victim.stream.shutdown(Shutdown::Both);
+                setup.stats.connections_evicted.fetch_add(1, Ordering::Relaxed);
             }
             match stream.try_clone() {
                 Ok(handle) => {
-                    open.insert(id, handle);
+                    open.insert(id, Conn { stream: handle, authenticated: authenticated.clone() });
                     setup.stats.connections.store(open.len() as u64, Ordering::Relaxed);
                 }
                 Err(e) => {
@@ -243,7 +264,7 @@ fn accept_loop(listener: &TcpListener, stop: &AtomicBool, conns: &Arc<Conns>, se
         let spawned = std::thread::Builder::new().name(format!("recv-{peer}")).spawn(move || {
             let _guard = guard;
             let closer = stream.try_clone();
-            if let Err(e) = receive_loop(stream, &peer, &setup) {
+            if let Err(e) = receive_loop(stream, &peer, &setup, &authenticated) {
                 if matches!(e, Error::Handshake { .. }) {
                     setup.stats.handshakes_failed.fetch_add(1, Ordering::Relaxed);
                 }
@@ -272,9 +293,15 @@ fn accept_loop(listener: &TcpListener, stop: &AtomicBool, conns: &Arc<Conns>, se
     }
 }
 
-fn receive_loop(stream: TcpStream, peer: &str, setup: &ReceiverSetup) -> Result<()> {
+fn receive_loop(
+    stream: TcpStream,
+    peer: &str,
+    setup: &ReceiverSetup,
+    authenticated: &AtomicBool,
+) -> Result<()> {
     let mut r = stream;
     auth::server(&mut r, &setup.topology_id, &setup.secret, peer)?;
+    authenticated.store(true, Ordering::Relaxed);
     // An authenticated peer may stay idle as long as it likes (a quiet stream).
     r.set_read_timeout(None).map_err(|e| Error::io(format!("read from {peer}"), e))?;
     setup.stats.accepted.fetch_add(1, Ordering::Relaxed);
