@@ -449,6 +449,7 @@ async fn the_deploy_script_starts_and_stops_a_cluster() {
         ("SQUALL", SQUALL.to_owned()),
         ("ZK_PORT", free_port().to_string()),
         ("NIMBUS_PORT", nimbus_port.to_string()),
+        ("NIMBUS2_PORT", free_port().to_string()),
         ("SLOTS_A", format!("{},{}", free_port(), free_port())),
         ("SLOTS_B", format!("{},{}", free_port(), free_port())),
     ];
@@ -466,6 +467,7 @@ async fn the_deploy_script_starts_and_stops_a_cluster() {
     let started = run("start");
     let _stop = Stop(&run);
     assert!(started.contains("started nimbus") && started.contains("started supervisor-b"), "{started}");
+    assert!(started.contains("started nimbus-2"), "{started}");
     let nimbus = format!("127.0.0.1:{nimbus_port}");
     eventually(Duration::from_secs(60), "two supervisors in the cluster summary", || async {
         let out = Command::new(SQUALL).args(["list", "--nimbus", &nimbus]).output().unwrap();
@@ -473,10 +475,21 @@ async fn the_deploy_script_starts_and_stops_a_cluster() {
         (out.status.success() && summary.supervisors == 2).then_some(())
     })
     .await;
+    // Two nimbuses, one leading; the generated config's seeds reach them.
+    let config = dir.path().join("cluster.yaml").display().to_string();
+    eventually(Duration::from_secs(60), "two nimbuses, one leader, in nimbus-summary", || async {
+        let out = Command::new(SQUALL).args(["nimbus-summary", "--config", &config]).output().unwrap();
+        let lines = text(&out);
+        let rows: Vec<&str> = lines.lines().filter(|l| l.starts_with("127.0.0.1:")).collect();
+        let leaders = rows.iter().filter(|l| l.contains("Leader") && !l.contains("Not")).count();
+        (out.status.success() && rows.len() == 2 && leaders == 1).then_some(())
+    })
+    .await;
     assert!(run("status").contains("supervisor-a: running"));
     drop(_stop);
     let status = run("status");
     assert!(status.contains("nimbus: stopped") && status.contains("zookeeper: stopped"), "{status}");
+    assert!(status.contains("nimbus-2: stopped"), "{status}");
     eventually(Duration::from_secs(10), "every process of the cluster to exit", || async {
         pids_mentioning(&marker).is_empty().then_some(())
     })
