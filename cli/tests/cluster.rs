@@ -9,7 +9,9 @@
 //! leaves no znode or code dir of the topology; a bad topology file changes nothing; a
 //! supervisor whose local state file is corrupt starts anyway; and with three nimbuses (HA) a
 //! kill -9 of the leader hands the leadership over within the session timeout + 2 s without
-//! touching a worker, while delayed kills and rebalances complete at their deadlines.
+//! touching a worker, while delayed kills and rebalances complete at their deadlines; a leader
+//! paused (SIGSTOP) past its session timeout writes nothing after (ZooKeeper's transaction log
+//! says who wrote what) and rejoins as a follower once resumed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -23,7 +25,7 @@ use cluster_state::clock::now_secs;
 use cluster_state::coord::{Ensemble, Session, SessionOptions};
 use cluster_state::ids::{ExecutorId, SupervisorId, TopologyId, WorkerSlot};
 use cluster_state::paths::StormPaths;
-use cluster_state::znode::{Assignment, StormBase, SupervisorInfo, WorkerHeartbeat};
+use cluster_state::znode::{Assignment, StormBase, SupervisorInfo, WorkerHeartbeat, ZnodeData};
 use test_harness::ZkServer;
 use test_harness::eventually;
 use test_harness::prometheus::{Prometheus, encode};
@@ -447,6 +449,7 @@ async fn the_deploy_script_starts_and_stops_a_cluster() {
         ("SQUALL", SQUALL.to_owned()),
         ("ZK_PORT", free_port().to_string()),
         ("NIMBUS_PORT", nimbus_port.to_string()),
+        ("NIMBUS2_PORT", free_port().to_string()),
         ("SLOTS_A", format!("{},{}", free_port(), free_port())),
         ("SLOTS_B", format!("{},{}", free_port(), free_port())),
     ];
@@ -464,6 +467,7 @@ async fn the_deploy_script_starts_and_stops_a_cluster() {
     let started = run("start");
     let _stop = Stop(&run);
     assert!(started.contains("started nimbus") && started.contains("started supervisor-b"), "{started}");
+    assert!(started.contains("started nimbus-2"), "{started}");
     let nimbus = format!("127.0.0.1:{nimbus_port}");
     eventually(Duration::from_secs(60), "two supervisors in the cluster summary", || async {
         let out = Command::new(SQUALL).args(["list", "--nimbus", &nimbus]).output().unwrap();
@@ -471,10 +475,21 @@ async fn the_deploy_script_starts_and_stops_a_cluster() {
         (out.status.success() && summary.supervisors == 2).then_some(())
     })
     .await;
+    // Two nimbuses, one leading; the generated config's seeds reach them.
+    let config = dir.path().join("cluster.yaml").display().to_string();
+    eventually(Duration::from_secs(60), "two nimbuses, one leader, in nimbus-summary", || async {
+        let out = Command::new(SQUALL).args(["nimbus-summary", "--config", &config]).output().unwrap();
+        let lines = text(&out);
+        let rows: Vec<&str> = lines.lines().filter(|l| l.starts_with("127.0.0.1:")).collect();
+        let leaders = rows.iter().filter(|l| l.contains("Leader") && !l.contains("Not")).count();
+        (out.status.success() && rows.len() == 2 && leaders == 1).then_some(())
+    })
+    .await;
     assert!(run("status").contains("supervisor-a: running"));
     drop(_stop);
     let status = run("status");
     assert!(status.contains("nimbus: stopped") && status.contains("zookeeper: stopped"), "{status}");
+    assert!(status.contains("nimbus-2: stopped"), "{status}");
     eventually(Duration::from_secs(10), "every process of the cluster to exit", || async {
         pids_mentioning(&marker).is_empty().then_some(())
     })
@@ -1009,4 +1024,207 @@ async fn nimbus_failover_leaves_workers_alone_and_resumes_delayed_kill_and_rebal
     })
     .await;
     flowing(&session, &id, "after the rebalance under the third leader").await;
+}
+
+/// One transaction of ZooKeeper's log, as `TxnLogToolkit` prints it.
+#[derive(Debug, Clone)]
+struct Txn {
+    /// The session that sent it, in hex as the toolkit prints it (`10001e454bb0000`).
+    session: String,
+    zxid: i64,
+    /// `create`, `setData`, `delete`, `multi`, `closeSession`, ...
+    op: String,
+    /// The rest: paths and data (a multi lists each of its operations with its path).
+    body: String,
+}
+
+/// Every transaction in the harness server's log files, read with ZooKeeper's own
+/// `TxnLogToolkit` (same java and classpath as the harness: `SQUALL_JAVA`, `SQUALL_ZK_CLASSPATH`
+/// or Debian's jars).
+fn transaction_log(server: &ZkServer) -> Vec<Txn> {
+    let dir = server.data_dir().join("version-2");
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("log.")))
+        .collect();
+    logs.sort_by_key(|p| {
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        i64::from_str_radix(name.trim_start_matches("log."), 16).unwrap_or(0)
+    });
+    let java = std::env::var_os("SQUALL_JAVA").unwrap_or_else(|| "java".into());
+    let classpath = std::env::var("SQUALL_ZK_CLASSPATH").unwrap_or_else(|_| {
+        let mut cp = "/usr/share/java/zookeeper.jar".to_owned();
+        if Path::new("/usr/share/java/slf4j-nop.jar").is_file() {
+            cp.push_str(":/usr/share/java/slf4j-nop.jar");
+        }
+        cp
+    });
+    let mut txns = Vec::new();
+    for log in logs {
+        let out = Command::new(&java)
+            .args(["-cp", &classpath, "org.apache.zookeeper.server.persistence.TxnLogToolkit"])
+            .arg(&log)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "TxnLogToolkit {}: {}", log.display(), text(&out));
+        // A record starts with `<date> session 0x..`; data with line breaks (ACLs) continues it.
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some((_, rest)) = line.split_once(" session 0x") else {
+                if let Some(last) = txns.last_mut() {
+                    let last: &mut Txn = last;
+                    last.body.push('\n');
+                    last.body.push_str(line);
+                }
+                continue;
+            };
+            let mut words = rest.splitn(6, ' ');
+            let session = words.next().unwrap_or_default().to_owned();
+            let (_, _, _) = (words.next(), words.next(), words.next()); // cxid 0x.. zxid
+            let zxid = words.next().and_then(|z| i64::from_str_radix(z.trim_start_matches("0x"), 16).ok());
+            let Some(zxid) = zxid else { continue };
+            let record = words.next().unwrap_or_default();
+            let (op, body) = record.split_once(' ').unwrap_or((record, ""));
+            txns.push(Txn { session, zxid, op: op.to_owned(), body: body.to_owned() });
+        }
+    }
+    txns
+}
+
+fn hex_session(id: cluster_state::coord::SessionId) -> String {
+    format!("{:x}", id.0 as u64)
+}
+
+/// The session that owns `/storm/nimbuses/<address>` (the nimbus's registration).
+async fn nimbus_session(session: &Session, address: &str) -> Option<String> {
+    let path = StormPaths::default().nimbus(address).unwrap();
+    session.exists(&path).await.ok()??.ephemeral_owner.map(hex_session)
+}
+
+fn signal(pid: i32, signal: &str) {
+    let status = Command::new("kill").args([signal, &pid.to_string()]).status().unwrap();
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// Issue 17: a leader stopped (SIGSTOP) past its session timeout, with a delayed rebalance due
+/// while it is stopped, is resumed (SIGCONT) once another nimbus leads and has completed that
+/// rebalance. ZooKeeper's transaction log shows that from the pause on every write under
+/// `/storms` and `/assignments` came from the new leader's session (the resumed one's timer
+/// and monitor fire at once on resume, and nothing of theirs lands), and the resumed nimbus
+/// rejoins as a follower (`/storm/nimbuses`, `squall nimbus-summary`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_paused_past_its_session_writes_nothing_after_and_rejoins_as_follower() {
+    let mut cluster = Cluster::new("nimbus_sigstop").await;
+    let nimbuses = cluster.start_nimbuses(&["n1", "n2"]);
+    let session = cluster.session().await;
+    let paths = StormPaths::default();
+    // A supervisor record nobody keeps alive: the leader assigns to it, then (after
+    // nimbus.supervisor.timeout.secs) takes the executors away again: more leader writes.
+    let supervisor = SupervisorInfo {
+        time_secs: now_secs(),
+        hostname: "127.0.0.1".into(),
+        supervisor_id: SupervisorId::new("sup-paper").unwrap(),
+        used_ports: vec![],
+        all_ports: vec![free_port(), free_port()],
+        uptime_secs: 1,
+        version: "0".into(),
+        metrics_endpoint: None,
+    };
+    let path = paths.supervisor(&supervisor.supervisor_id);
+    session
+        .create(&path, &supervisor.encode(), cluster_state::coord::CreateMode::Persistent.with_parents())
+        .await
+        .unwrap();
+    let first = ha_leader(&session, 2, None, Duration::from_secs(60)).await;
+    let first_session = nimbus_session(&session, &first).await.unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/wordcount.yaml");
+    let out = cluster.squall(&["submit", example.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let id: TopologyId =
+        text(&out).split(" as ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+
+    // The follower holds the code (else it may not lead: Storm's rule).
+    eventually(Duration::from_secs(30), "both nimbuses to hold the code", || async {
+        (session.children(&paths.blobstore_topology(&id)).await.ok()?.len() == 2).then_some(())
+    })
+    .await;
+
+    // A rebalance due in 2 s, then the leader stops before it is due: its timer is overdue
+    // when it resumes.
+    let out = cluster.squall(&["rebalance", "wordcount", "-w", "2", "-n", "1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let marker = format!("storm.local.dir={}", cluster.dir(&nimbuses[&first]).display());
+    let pids = pids_mentioning(&marker);
+    assert_eq!(pids.len(), 1, "one process for {first}");
+    signal(pids[0], "-STOP");
+    session.create("/paused", b"", cluster_state::coord::CreateMode::Persistent).await.unwrap();
+    let (_, pause) = session.get("/paused").await.unwrap();
+    let stopped = tokio::time::Instant::now();
+
+    // Past the session timeout (4 s) the other nimbus leads, and completes the rebalance.
+    let second = ha_leader(&session, 1, Some(&first), Duration::from_secs(30)).await;
+    let second_session = nimbus_session(&session, &second).await.unwrap();
+    eventually(Duration::from_secs(30), "the new leader to complete the rebalance", || async {
+        let (base, _) = session.read::<StormBase>(&paths.storm(&id)).await.ok()?;
+        (base.pending_transition.is_none() && base.num_workers == 1).then_some(())
+    })
+    .await;
+    assert!(stopped.elapsed() > Duration::from_secs(4), "paused past the session timeout");
+
+    // Resumed: it rejoins as a follower with a new session.
+    signal(pids[0], "-CONT");
+    eventually(Duration::from_secs(30), "the resumed nimbus to rejoin as a follower", || async {
+        let all = nimbus::leader::nimbuses(&session, &paths).await.ok()?;
+        let me = all.iter().find(|n| n.address() == first)?;
+        (all.len() == 2 && !me.is_leader && all.iter().any(|n| n.address() == second && n.is_leader))
+            .then_some(())
+    })
+    .await;
+    let rejoined_session = nimbus_session(&session, &first).await.unwrap();
+    assert_ne!(rejoined_session, first_session, "a new session");
+    let summary = text(&cluster.squall(&["nimbus-summary"]));
+    assert!(summary.lines().any(|l| l.starts_with(&first) && l.contains("Not a Leader")), "{summary}");
+    assert!(
+        summary.lines().any(|l| l.starts_with(&second) && l.contains("Leader") && !l.contains("Not")),
+        "{summary}"
+    );
+    // The cluster works on under the new leader (one more leader write to look for).
+    let out = cluster.squall(&["deactivate", "wordcount"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let (_, last) = session.get(&paths.storm(&id)).await.unwrap();
+
+    // The transaction log: every write under /storms and /assignments of this cluster since the
+    // pause came from the new leader's session; the paused session sent nothing but its end.
+    let root = cluster.zookeeper.split_once('/').map(|(_, r)| format!("/{r}")).unwrap();
+    let watched = [format!("{root}{}/", paths.storms_dir()), format!("{root}{}/", paths.assignments_dir())];
+    let txns = eventually(Duration::from_secs(30), "the log to hold the deactivate", || async {
+        let txns = transaction_log(ZkServer::shared());
+        txns.iter().any(|t| t.zxid >= last.mzxid).then_some(txns)
+    })
+    .await;
+    let after: Vec<&Txn> = txns.iter().filter(|t| t.zxid > pause.czxid).collect();
+    let leader_writes: Vec<&&Txn> =
+        after.iter().filter(|t| watched.iter().any(|w| t.body.contains(w.as_str()))).collect();
+    for t in &leader_writes {
+        assert_eq!(t.session, second_session, "a write not from the new leader ({second}): {t:?}");
+    }
+    assert!(leader_writes.len() >= 2, "the rebalance and the deactivate: {leader_writes:?}");
+    let from_paused: Vec<&&Txn> = after.iter().filter(|t| t.session == first_session).collect();
+    assert!(from_paused.iter().all(|t| t.op == "closeSession"), "{from_paused:?}");
+    assert!(!from_paused.is_empty(), "the paused session ended in the log");
+    println!(
+        "SIGSTOP story: {} writes under /storms and /assignments since the pause, all from {second} \
+         (session 0x{second_session}); the paused leader's session 0x{first_session}: {:?}; it \
+         rejoined with session 0x{rejoined_session}",
+        leader_writes.len(),
+        from_paused.iter().map(|t| &t.op).collect::<Vec<_>>()
+    );
+    if let Some(multi) = leader_writes.iter().find(|t| t.op == "multi") {
+        println!("a fenced write in the log: {multi:?}");
+    }
+    let log = std::fs::read_to_string(cluster.dir(&format!("{}.log", nimbuses[&first]))).unwrap_or_default();
+    for line in log.lines().filter(|l| l.contains("WARN") || l.contains("ERROR")) {
+        println!("{}: {line}", nimbuses[&first]);
+    }
 }

@@ -80,7 +80,7 @@ pub async fn write_assignment(
     ops.splice(0..0, fence);
     match session.multi(&ops).await {
         Ok(_) => Ok(Ok(())),
-        Err(coord::Error::MultiFailed { index: 0, .. }) if fenced => Err(leadership.lost()),
+        Err(coord::Error::MultiFailed { index: 0, .. }) if fenced => Err(leadership.refused(&ops[0])),
         Err(e) if e.is_retryable() || e.is_session_lost() => Err(e),
         Err(coord::Error::MultiFailed { source, .. })
             if matches!(

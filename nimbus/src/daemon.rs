@@ -516,30 +516,57 @@ struct LeaderDuties {
 
 impl LeaderDuties {
     async fn run(self, cancel: CancellationToken) {
-        let LeaderDuties { election, replicator, leadership, assigner, transitions, timers, every } = self;
-        let campaign = async {
-            loop {
-                match election.run(&cancel).await {
-                    Ok(won) => return won,
-                    Err(e) if e.is_session_lost() => return false,
-                    Err(e) => {
-                        tracing::warn!("leader election: {e}; trying again");
-                        tokio::select! {
-                            _ = cancel.cancelled() => return false,
-                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        let LeaderDuties { election, replicator, leadership, assigner, transitions, mut timers, every } =
+            self;
+        // Terms: campaign, lead until deposed, campaign again; until `cancel` or the session's
+        // end (`serve` then cancels us).
+        loop {
+            let campaign = async {
+                loop {
+                    match election.run(&cancel).await {
+                        Ok(won) => return won,
+                        Err(e) if e.is_session_lost() => return false,
+                        Err(e) => {
+                            tracing::warn!("leader election: {e}; trying again");
+                            tokio::select! {
+                                _ = cancel.cancelled() => return false,
+                                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                            }
                         }
                     }
                 }
+            };
+            let (won, ()) =
+                tokio::join!(campaign, replicator.clone().run(leadership.clone(), every, cancel.clone()));
+            let Some(latch) = leadership.election_node().filter(|_| won) else { return };
+            // A new leader rebuilds everything from ZooKeeper: the assigner's memory starts
+            // empty (with a launch grace for every executor) and the timers re-arm stored
+            // deadlines.
+            assigner.took_leadership(now_secs()).await;
+            let term = cancel.child_token();
+            let duties = async {
+                tokio::join!(
+                    timers.run(term.clone()),
+                    monitor(assigner.clone(), transitions.clone(), every, term.clone())
+                );
+            };
+            // The term ends when our election node goes (watched) or a fenced write finds it
+            // gone (`Leadership::refused`): either way `leadership` no longer leads.
+            let deposed = async {
+                tokio::select! {
+                    _ = election.watch_own_node(&latch, &term) => {}
+                    _ = leadership.deposed() => {}
+                    _ = term.cancelled() => {}
+                }
+                term.cancel();
+            };
+            tokio::join!(duties, deposed);
+            if cancel.is_cancelled() {
+                return;
             }
-        };
-        let (won, ()) = tokio::join!(campaign, replicator.run(leadership, every, cancel.clone()));
-        if !won {
-            return;
+            leadership.step_down(&latch);
+            tracing::warn!(node = %latch, "no longer the leader; rejoining the election as a follower");
         }
-        // A new leader rebuilds everything from ZooKeeper: the assigner's memory starts empty
-        // (with a launch grace for every executor) and the timers re-arm stored deadlines.
-        assigner.took_leadership(now_secs()).await;
-        tokio::join!(timers.run(cancel.clone()), monitor(assigner, transitions, every, cancel.clone()));
     }
 }
 

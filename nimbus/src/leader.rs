@@ -12,8 +12,11 @@
 //! herd when the leader goes). A candidate that is lowest but lacks the code of a stored
 //! topology does not lead (Storm's rule): it fetches the code from another nimbus first, and if
 //! it cannot, it gives its place up (deletes its node and queues again at the end), saying why.
-//! Leadership lasts as long as the session: there is no other way to lose it, and a nimbus
-//! whose session ended starts over as a new candidate (`daemon::run`).
+//! Leadership lasts as long as the session and the election node: a nimbus whose session ended
+//! starts over as a new candidate (`daemon::run_rejoining`), and a leader whose election node
+//! is deleted while its session lives (by hand, or a bug elsewhere) steps down as soon as it
+//! learns of it, from a watch on its own node ([`Election::watch_own_node`]) or from the first
+//! leader write the fence refused ([`Leadership::refused`]), and queues again as a follower.
 //!
 //! [`Leadership`] is the shared flag the API, the monitor and the timers consult, and the
 //! fence of every leader write: [`create`], [`set`], [`delete`] and [`delete_recursive`] send
@@ -81,6 +84,11 @@ impl Leadership {
         let _ = rx.wait_for(|leading| *leading).await;
     }
 
+    /// Our election node while we have one.
+    pub fn election_node(&self) -> Option<String> {
+        self.latch()
+    }
+
     fn latch(&self) -> Option<String> {
         self.inner.latch.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
@@ -91,6 +99,25 @@ impl Leadership {
 
     fn lead(&self) {
         self.inner.leading.send_replace(true);
+    }
+
+    /// Resolves once this nimbus does not lead (at once when it does not).
+    pub async fn deposed(&self) {
+        let mut rx = self.inner.leading.subscribe();
+        let _ = rx.wait_for(|leading| !*leading).await;
+    }
+
+    /// Steps down if `latch` is still our election node and we lead: a refusal or a deletion
+    /// seen for an older node (a previous term) changes nothing. Returns whether we stepped down.
+    pub fn step_down(&self, latch: &str) -> bool {
+        if self.inner.standalone || self.latch().as_deref() != Some(latch) {
+            return false;
+        }
+        let stepped = self.inner.leading.send_if_modified(|leading| std::mem::replace(leading, false));
+        if stepped {
+            tracing::warn!(node = %latch, "our election node is gone: stepping down to follower");
+        }
+        stepped
     }
 
     /// The check every leader write carries: our election node, at version 0 (it is never
@@ -113,9 +140,11 @@ impl Leadership {
         self.fence()
     }
 
-    /// The error of a multi whose fence failed.
-    pub fn lost(&self) -> coord::Error {
-        not_leading(self.latch())
+    /// The error of a multi whose fence (`fence`, from [`Leadership::fence_op`]) failed: our
+    /// election node is gone, so this nimbus steps down (see [`Leadership::step_down`]).
+    pub fn refused(&self, fence: &Op) -> coord::Error {
+        self.step_down(fence.path());
+        not_leading(Some(fence.path().to_owned()))
     }
 }
 
@@ -137,10 +166,10 @@ async fn fenced(session: &Session, leadership: &Leadership, op: Op) -> coord::Re
             Err(e) => Err(e),
         };
     };
-    let latch = check.path().to_owned();
-    match session.multi(&[check, op]).await {
+    let ops = [check, op];
+    match session.multi(&ops).await {
         Ok(_) => Ok(()),
-        Err(coord::Error::MultiFailed { index: 0, .. }) => Err(not_leading(Some(latch))),
+        Err(coord::Error::MultiFailed { index: 0, .. }) => Err(leadership.refused(&ops[0])),
         Err(coord::Error::MultiFailed { source, .. }) => Err(*source),
         Err(e) => Err(e),
     }
@@ -505,6 +534,35 @@ impl Election {
         })
     }
 
+    /// Resolves once our election node `latch` is gone while the session lives (or at once if
+    /// it is), stepping this nimbus down; it stays pending when the session ends (the daemon
+    /// stops then) or on `cancel`. A watch lost with a dropped connection is set again.
+    pub async fn watch_own_node(&self, latch: &str, cancel: &CancellationToken) {
+        loop {
+            let watch = match self.session.exists_watch(latch).await {
+                Ok((None, _)) => break,
+                Ok((Some(_), watch)) => watch,
+                Err(e) if e.is_session_lost() => return cancel.cancelled().await,
+                Err(e) => {
+                    tracing::debug!(node = %latch, "cannot watch our election node, trying again: {e}");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                    }
+                }
+            };
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                event = watch => match event {
+                    WatchEvent::NodeDeleted { .. } => break,
+                    WatchEvent::SessionEnded { .. } => return cancel.cancelled().await,
+                    _ => {}
+                },
+            }
+        }
+        self.leadership.step_down(latch);
+    }
+
     async fn join_queue(&self) -> coord::Result<String> {
         let path = self
             .session
@@ -521,6 +579,15 @@ impl Election {
     /// Campaigns until this nimbus leads (then returns `Ok`) or `cancel`; errors of the
     /// session are returned (the caller retries or, when the session ended, starts over).
     pub async fn run(&self, cancel: &CancellationToken) -> coord::Result<bool> {
+        // After a term that ended with the session alive: our old node (normally gone already)
+        // must not stay queued ahead of the others.
+        if let Some(old) = self.leadership.latch() {
+            match self.session.delete(&old, None).await {
+                Ok(()) | Err(coord::Error::NoNode { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            self.leadership.set_latch(None);
+        }
         self.register().await?;
         let mut latch = self.join_queue().await?;
         let name = |p: &str| p.rsplit('/').next().unwrap_or_default().to_owned();

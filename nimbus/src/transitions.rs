@@ -341,8 +341,10 @@ impl DeadlineTimers {
         (timers, TimerHandle { arms: tx })
     }
 
-    /// Runs until `cancel`: rescans at once, then fires deadlines as they come.
-    pub async fn run(mut self, cancel: CancellationToken) {
+    /// Runs until `cancel`: rescans at once, then fires deadlines as they come. Run again for
+    /// each term of leadership: what was due is forgotten and re-read from ZooKeeper.
+    pub async fn run(&mut self, cancel: CancellationToken) {
+        self.due.clear();
         let mut rescan = tokio::time::interval(self.rescan_interval);
         rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut arms_open = true;

@@ -99,7 +99,10 @@ impl Nimbus {
         let addr = listener.local_addr().unwrap();
         let cancel = CancellationToken::new();
         let tasks = vec![
-            tokio::spawn(timers.run(cancel.clone())),
+            tokio::spawn({
+                let (mut timers, cancel) = (timers, cancel.clone());
+                async move { timers.run(cancel).await }
+            }),
             tokio::spawn(nimbus::http::run(listener, state, cancel.clone())),
         ];
         Nimbus { addr, cancel, tasks, transitions }

@@ -1,7 +1,8 @@
 //! Nimbus HA (issue 17) as stories of whole nimbus daemons (`nimbus::serve`) sharing one chroot
 //! of a real ZooKeeper: one leader among three, a follower's refusal naming the leader and a
 //! client following it, failover when the leader's session ends, the leader fence (a leader
-//! whose election node is gone writes nothing), and a follower that lacks a topology's code
+//! whose election node is gone writes nothing), a leader whose election node is deleted
+//! stepping down and rejoining as a follower, and a follower that lacks a topology's code
 //! not leading until it has copied it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -15,6 +16,7 @@ use cluster_state::ids::{SupervisorId, TopologyId};
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{NimbusSummary, StormBase, SupervisorInfo, TopologyStatus, ZnodeData};
 use nimbus::NimbusConfig;
+use nimbus::leader::{self, Election, Leadership, Replicator};
 use nimbus_client::{ClientError, NimbusClient};
 use test_harness::{ZkServer, eventually};
 use tokio::net::TcpListener;
@@ -177,32 +179,116 @@ async fn one_of_three_leads_followers_name_it_and_a_follower_takes_over() {
     }
 }
 
+/// The fence on its own, with no watch to warn the leader: the parts of a nimbus wired by hand
+/// (an `Election` and its `Leadership`, no daemon), so that nothing but the fence stands between
+/// a leader that lost its election node and the write. (With the whole daemon, the watch on its
+/// node makes it step down within milliseconds; see the next test.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_election_node_is_gone_writes_nothing() {
     let ensemble = Ensemble::zookeeper(ZkServer::shared().chroot("ha-fence").await);
     let session = ensemble.connect(&SessionOptions::default()).await.unwrap();
-    supervisor(&session).await;
-    let nimbuses = start_all(&ensemble, 1).await;
-    let leader = one_leader(&session, 1).await;
-    let client = NimbusClient::new(leader.clone(), None);
-    let id = submit(&client, TOPOLOGY).await.unwrap();
     let paths = StormPaths::default();
-    let (_, before) = session.get(&paths.storm(&id)).await.unwrap();
+    let nimbus = std::sync::Arc::new(ensemble.connect(&SessionOptions::default()).await.unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let code = nimbus::code_store::CodeStore::open(dir.path(), Default::default()).await.unwrap();
+    let me = NimbusSummary {
+        host: "127.0.0.1".into(),
+        port: 1,
+        start_time_secs: now_secs(),
+        uptime_secs: 0,
+        version: "0".into(),
+        is_leader: false,
+    };
+    let replicator = Replicator::new(nimbus.clone(), paths.clone(), code, me.address(), None, 1 << 20);
+    let leadership = Leadership::candidate();
+    let election = Election::new(
+        nimbus.clone(),
+        paths.clone(),
+        leadership.clone(),
+        me,
+        replicator,
+        Duration::from_secs(1),
+    );
+    assert!(election.run(&CancellationToken::new()).await.unwrap(), "the only candidate leads");
+    let node = "/fenced-node";
+    leader::create(&nimbus, &leadership, node, b"1").await.unwrap();
+    leader::set(&nimbus, &leadership, node, b"2", None).await.unwrap();
+    let (_, before) = session.get(node).await.unwrap();
 
     // The lock is lost while the leader's session lives on (as when its session expired and
     // it has not noticed yet): its writes must fail, whatever it believes.
     for latch in session.children(&paths.leader_lock_dir()).await.unwrap() {
         session.delete(&coord_join(&paths.leader_lock_dir(), &latch), None).await.unwrap();
     }
-    let refused = client.deactivate(&id).await;
+    assert!(leadership.is_leader(), "nothing told it yet");
+    let refused = leader::set(&nimbus, &leadership, node, b"3", None).await;
     assert!(refused.is_err(), "a write without the lock went through: {refused:?}");
-    let (_, after) = session.get(&paths.storm(&id)).await.unwrap();
-    assert_eq!((after.mzxid, after.version), (before.mzxid, before.version), "the base was written");
-    let (base, _) = session.read::<StormBase>(&paths.storm(&id)).await.unwrap();
-    assert_eq!(base.status, TopologyStatus::Active);
+    let (data, after) = session.get(node).await.unwrap();
+    assert_eq!((after.mzxid, after.version, data), (before.mzxid, before.version, b"2".to_vec()), "written");
+    // The refusal itself deposes it, and a deposed leader sends nothing more.
+    assert!(!leadership.is_leader(), "a refused fence must step the leader down");
+    let refused = leader::delete(&nimbus, &leadership, node, None).await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert!(session.exists(node).await.unwrap().is_some());
+}
+
+/// Issue 17 part 2: a leader whose election node is deleted while its session lives notices
+/// (a watch on its own node), steps down, says so in `/nimbuses` and queues again as a
+/// follower; the next candidate leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_election_node_is_deleted_steps_down_and_rejoins_as_a_follower() {
+    let ensemble = Ensemble::zookeeper(ZkServer::shared().chroot("ha-step-down").await);
+    let session = ensemble.connect(&SessionOptions::default()).await.unwrap();
+    supervisor(&session).await;
+    let nimbuses = start_all(&ensemble, 2).await;
+    let first = one_leader(&session, 2).await;
+    let paths = StormPaths::default();
+    let dir = paths.leader_lock_dir();
+    let queue = latches(&session, &dir).await;
+    let (ours, _) = queue.iter().find(|(_, who)| *who == first).unwrap().clone();
+
+    session.delete(&coord_join(&dir, &ours), None).await.unwrap();
+    // (For a moment both summaries may say leader: the summary is rewritten after the step
+    // down, and the other nimbus learns of the deletion at the same time. What counts is that
+    // the deposed one stops leading and says so.)
+    let second = eventually(DEADLINE, "the other nimbus to lead and the first to follow", || async {
+        let all = registered(&session).await;
+        let leaders: Vec<String> = all.iter().filter(|n| n.is_leader).map(NimbusSummary::address).collect();
+        (all.len() == 2 && leaders.len() == 1 && leaders[0] != first).then(|| leaders[0].clone())
+    })
+    .await;
+    // The deposed leader is queued again, behind the new leader.
+    let queue = eventually(DEADLINE, "the deposed leader to queue again", || async {
+        let queue = latches(&session, &dir).await;
+        (queue.len() == 2).then_some(queue)
+    })
+    .await;
+    assert_eq!(queue[0].1, second, "{queue:?}");
+    assert_eq!(queue[1].1, first, "{queue:?}");
+    assert!(queue[1].0 > ours, "a new node: {queue:?}");
+    // It refuses writes and names the new leader; a client given it first follows.
+    match NimbusClient::new(first.clone(), None).upload(b"x", |_| {}).await {
+        Err(ClientError::NotLeader { leader: Some(named), .. }) => assert_eq!(named, second),
+        other => panic!("the deposed leader must refuse naming {second}, got {other:?}"),
+    }
+    let client = NimbusClient::with_seeds(vec![first.clone(), second.clone()], None);
+    submit(&client, TOPOLOGY).await.unwrap();
+    assert_eq!(client.current(), second);
+    assert_eq!(one_leader(&session, 2).await, second);
     for n in nimbuses {
         n.stop().await;
     }
+}
+
+/// The election queue: (node name, the candidate's address), in order.
+async fn latches(session: &Session, dir: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for name in session.children(dir).await.unwrap() {
+        let (data, _) = session.get(&coord_join(dir, &name)).await.unwrap();
+        found.push((name, String::from_utf8(data).unwrap()));
+    }
+    found.sort();
+    found
 }
 
 fn coord_join(parent: &str, child: &str) -> String {
