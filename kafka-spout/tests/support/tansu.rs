@@ -82,6 +82,11 @@ impl Tansu {
         }
     }
 
+    /// The broker's process id (`setpriv` execs it), for benches that account its CPU.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn bootstrap(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }

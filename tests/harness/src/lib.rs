@@ -91,6 +91,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod logs;
+pub mod measure;
 pub mod prometheus;
 pub mod promtool;
 mod relay;
