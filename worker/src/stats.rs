@@ -116,6 +116,15 @@ impl ExecStats {
         }
     }
 
+    /// The complete latency at quantile `q` (0.999 for p99.9) in microseconds; 0 without
+    /// samples.
+    pub fn complete_quantile_us(&self, q: f64) -> u64 {
+        match self.complete_us.lock() {
+            Ok(guard) => guard.as_ref().map_or(0, |h| h.value_at_quantile(q)),
+            Err(_) => 0,
+        }
+    }
+
     /// Clears the latency histogram (benchmarks measure a window).
     pub fn reset_complete_histogram(&self) {
         if let Ok(mut guard) = self.complete_us.lock()
