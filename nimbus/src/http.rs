@@ -119,7 +119,18 @@ type Body = BoxBody<Bytes, io::Error>;
 /// Serves the API on `listener` until `shutdown`; returns once every connection has finished
 /// (in-flight requests complete, idle keep-alive connections are closed).
 pub async fn run(listener: TcpListener, state: Arc<ApiState>, shutdown: CancellationToken) {
-    let options = ServeOptions { name: "nimbus API", header_read_timeout: state.config.header_read_timeout };
+    run_tls(listener, state, None, shutdown).await;
+}
+
+/// [`run`], over TLS when `tls` is set (`nimbus.http.tls.*`).
+pub async fn run_tls(
+    listener: TcpListener,
+    state: Arc<ApiState>,
+    tls: Option<cluster_state::tls::TlsAcceptor>,
+    shutdown: CancellationToken,
+) {
+    let options =
+        ServeOptions { name: "nimbus API", header_read_timeout: state.config.header_read_timeout, tls };
     let service = hyper::service::service_fn(move |request| {
         let state = state.clone();
         async move { Ok::<_, Infallible>(handle(&state, request).await) }

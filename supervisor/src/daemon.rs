@@ -22,6 +22,7 @@ use cluster_state::ids::{SupervisorId, TopologyId, WorkerId};
 use cluster_state::launch::WorkerLaunch;
 use cluster_state::metrics::CoordMetrics;
 use cluster_state::paths::StormPaths;
+use cluster_state::tls::ClientTls;
 use cluster_state::znode::{Assignment, SupervisorInfo};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -69,6 +70,16 @@ pub struct SupervisorConfig {
     /// Squall's: nimbus's token, which code downloads need (the same key nimbus reads).
     #[serde(rename = "nimbus.http.token")]
     pub nimbus_token: Option<String>,
+    /// Squall's: the CA nimbus's certificate must chain to; set, code downloads are HTTPS
+    /// (the same key the CLI reads).
+    #[serde(rename = "nimbus.http.tls.ca")]
+    pub nimbus_tls_ca: Option<PathBuf>,
+    /// Squall's: this supervisor's client certificate, for a nimbus requiring mutual TLS.
+    #[serde(rename = "nimbus.http.tls.client.cert")]
+    pub nimbus_tls_client_cert: Option<PathBuf>,
+    /// Squall's: the private key of `nimbus.http.tls.client.cert`.
+    #[serde(rename = "nimbus.http.tls.client.key")]
+    pub nimbus_tls_client_key: Option<PathBuf>,
     /// Storm's: every nimbus's `host:port`; code is downloaded from whichever holds it (the
     /// nimbuses registered in `/storm/nimbuses` are tried too). Empty: `nimbus.http.address`.
     #[serde(rename = "nimbus.seeds")]
@@ -96,6 +107,10 @@ impl Default for SupervisorConfig {
             worker_shutdown_sleep_secs: 3,
             nimbus_address: "127.0.0.1:8080".to_owned(),
             nimbus_token: None,
+            // Plain HTTP unless configured (SECURITY.md).
+            nimbus_tls_ca: None,
+            nimbus_tls_client_cert: None,
+            nimbus_tls_client_key: None,
             seeds: Vec::new(),
             metrics_port: 0,
         }
@@ -107,6 +122,9 @@ impl Default for SupervisorConfig {
 pub enum SupervisorError {
     #[error("bad setting {key}: {reason}")]
     Config { key: &'static str, reason: String },
+    /// A TLS setting that cannot be used (the error names the key and the file).
+    #[error(transparent)]
+    Tls(cluster_state::tls::TlsError),
     #[error(transparent)]
     Process(#[from] ProcessError),
 }
@@ -129,8 +147,20 @@ impl SupervisorConfig {
                 return Err(SupervisorError::Config { key, reason: "must be at least 1".into() });
             }
         }
+        self.nimbus_tls()?;
         StormPaths::new(&self.zookeeper_root)
             .map_err(|e| SupervisorError::Config { key: "storm.zookeeper.root", reason: e.to_string() })
+    }
+
+    /// TLS towards nimbus for code downloads (`nimbus.http.tls.ca`, client certificate), read
+    /// from its files; `None`: plain HTTP.
+    pub fn nimbus_tls(&self) -> Result<Option<ClientTls>, SupervisorError> {
+        cluster_state::tls::nimbus_client(
+            self.nimbus_tls_ca.as_deref(),
+            self.nimbus_tls_client_cert.as_deref(),
+            self.nimbus_tls_client_key.as_deref(),
+        )
+        .map_err(SupervisorError::Tls)
     }
 
     fn session_options(&self) -> SessionOptions {
@@ -247,6 +277,7 @@ pub async fn run(
         if config.seeds.is_empty() { vec![config.nimbus_address.clone()] } else { config.seeds.clone() };
     let mut code = CodeSync::with_seeds(configured_seeds.clone(), &config.local_dir);
     code.nimbus.token = config.nimbus_token.clone();
+    code.nimbus.tls = config.nimbus_tls()?;
     let timeouts = WorkerTimeouts {
         heartbeat_secs: config.worker_timeout_secs,
         start_secs: config.worker_start_timeout_secs,
