@@ -35,6 +35,7 @@ use crate::metrics::SupervisorMetrics;
 use crate::plan::{LocalAssignment, WorkerTimeouts, local_assignment};
 use crate::process_task::{Done, ProcessError, ProcessTask, SpecBuilder};
 use crate::registration::Registration;
+use crate::run_as::{RunAs, WorkerUser};
 
 /// The supervisor's settings, with Storm's key names.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -84,6 +85,12 @@ pub struct SupervisorConfig {
     /// nimbuses registered in `/storm/nimbuses` are tried too). Empty: `nimbus.http.address`.
     #[serde(rename = "nimbus.seeds")]
     pub seeds: Vec<String>,
+    /// Storm's key (a boolean there, running workers as the topology's submitter through
+    /// `worker-launcher`); Squall's value is the user name: with the supervisor running as
+    /// root, every worker runs as this unprivileged user (SECURITY.md). Unset: the
+    /// supervisor's own user.
+    #[serde(rename = "supervisor.run.worker.as.user")]
+    pub run_worker_as_user: Option<String>,
     /// Squall's: the port of this supervisor's Prometheus `/metrics` (0: any free port; the
     /// endpoint is published in `/storm/supervisors/<id>` for discovery either way).
     #[serde(rename = "supervisor.metrics.port")]
@@ -112,6 +119,7 @@ impl Default for SupervisorConfig {
             nimbus_tls_client_cert: None,
             nimbus_tls_client_key: None,
             seeds: Vec::new(),
+            run_worker_as_user: None,
             metrics_port: 0,
         }
     }
@@ -148,8 +156,18 @@ impl SupervisorConfig {
             }
         }
         self.nimbus_tls()?;
+        self.worker_user()?;
         StormPaths::new(&self.zookeeper_root)
             .map_err(|e| SupervisorError::Config { key: "storm.zookeeper.root", reason: e.to_string() })
+    }
+
+    /// The user workers run as (`supervisor.run.worker.as.user`), checked: it exists, is not
+    /// root, and this process is root.
+    pub fn worker_user(&self) -> Result<Option<WorkerUser>, SupervisorError> {
+        let Some(name) = &self.run_worker_as_user else { return Ok(None) };
+        WorkerUser::for_supervisor(name)
+            .map(Some)
+            .map_err(|e| SupervisorError::Config { key: crate::run_as::KEY, reason: e.to_string() })
     }
 
     /// TLS towards nimbus for code downloads (`nimbus.http.tls.ca`, client certificate), read
@@ -189,6 +207,7 @@ fn worker_spec(
     code: &CodeSync,
     program: &WorkerProgram,
     auth: Option<&ZkAuth>,
+    user: Option<WorkerUser>,
 ) -> SpecBuilder {
     let (config, paths, code, program) = (config.clone(), paths.clone(), code.clone(), program.clone());
     // The cluster's ZooKeeper credentials, in the environment: a command line is public.
@@ -213,12 +232,19 @@ fn worker_spec(
             launch.zookeeper_session_timeout_ms = config.zookeeper_session_timeout_ms;
             launch.zookeeper_connection_timeout_ms = config.zookeeper_connection_timeout_ms;
             let logs = config.local_dir.join("logs");
+            let local = &config.local_dir;
+            let run_as = user.clone().map(|user| RunAs {
+                user,
+                traverse: vec![local.clone(), code.stormdist.clone(), local.join("workers")],
+                owned: vec![dir.clone(), local.join("workers").join(worker_id.as_str())],
+            });
             WorkerSpec {
                 program: if own_binary.is_file() { own_binary } else { program.squall.clone() },
                 launch,
                 env: env.clone(),
                 dir: config.local_dir.clone(),
                 log_path: logs.join(format!("worker-{port}-{worker_id}.log")),
+                run_as,
             }
         },
     )
@@ -282,10 +308,14 @@ pub async fn run(
         heartbeat_secs: config.worker_timeout_secs,
         start_secs: config.worker_start_timeout_secs,
     };
+    let worker_user = config.worker_user()?;
+    if let Some(user) = &worker_user {
+        tracing::info!(user = %user.name, uid = user.uid, gid = user.gid, "workers run as another user");
+    }
     let mut process = ProcessTask::open(
         &config.local_dir,
         launcher,
-        worker_spec(&config, &paths, &code, &program, ensemble.security().auth.as_ref()),
+        worker_spec(&config, &paths, &code, &program, ensemble.security().auth.as_ref(), worker_user),
         timeouts,
         Duration::from_secs(config.worker_shutdown_sleep_secs),
     )?;
@@ -524,7 +554,7 @@ mod tests {
         let paths = config.validate().unwrap();
         let code = CodeSync::new("127.0.0.1:1", &config.local_dir);
         let program = WorkerProgram { squall: "/usr/bin/squall".into(), zookeeper: Some("zk1:2181".into()) };
-        let build = worker_spec(&config, &paths, &code, &program, None);
+        let build = worker_spec(&config, &paths, &code, &program, None, None);
         let assignment =
             LocalAssignment { topology_id: "wc-1-1700000000".parse().unwrap(), executors: BTreeSet::new() };
         let (supervisor, worker) = ("sup-1".parse().unwrap(), "w-1".parse().unwrap());
