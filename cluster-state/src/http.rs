@@ -140,7 +140,8 @@ pub async fn serve<S, B>(
 
 /// What a plain-HTTP client of a TLS server gets: a 400 it can show, not a dropped
 /// connection it would retry.
-const PLAIN_HTTP_ANSWER: &str = "this server speaks HTTPS only: the client needs TLS (nimbus.http.tls.ca)";
+const PLAIN_HTTP_ANSWER: &str =
+    "this server speaks HTTPS only: connect with TLS (for nimbus's API, set nimbus.http.tls.ca)";
 
 /// Whether the client's first byte is an HTTP method's (a TLS client starts with a handshake
 /// record, 0x16).

@@ -515,6 +515,7 @@ pub async fn serve(
             token: config.http_token.clone(),
             min_replication_count: config.min_replication_count as usize,
             max_replication_wait: Duration::from_secs(config.max_replication_wait_secs),
+            https: api_tls.is_some(),
             ..Default::default()
         },
         nimbus_start_secs: start_secs,

@@ -78,6 +78,9 @@ pub struct ApiConfig {
     pub min_replication_count: usize,
     /// `topology.max.replication.wait.time.sec`: the longest a submit waits for that.
     pub max_replication_wait: Duration,
+    /// The API is served over TLS (`nimbus.http.tls.cert`): discovery marks nimbus's own
+    /// target `https`.
+    pub https: bool,
 }
 
 impl Default for ApiConfig {
@@ -93,6 +96,7 @@ impl Default for ApiConfig {
             // Storm's defaults.yaml.
             min_replication_count: 1,
             max_replication_wait: Duration::from_secs(60),
+            https: false,
         }
     }
 }
@@ -459,7 +463,7 @@ async fn prometheus_targets(state: &ApiState, own: &str) -> Result<Vec<TargetGro
     let snapshot = snapshot(state).await?;
     let workers = state::read_worker_endpoints(t.session(), t.paths(), snapshot.storms.keys()).await?;
     t.metrics().garbage_znodes.inc_by(workers.skipped.len() as u64);
-    Ok(crate::views::discovery_targets(own, &snapshot, &workers.value))
+    Ok(crate::views::discovery_targets(own, state.config.https, &snapshot, &workers.value))
 }
 
 async fn topology(state: &ApiState, id: &TopologyId) -> Result<TopologyDetail, ApiError> {
