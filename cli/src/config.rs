@@ -273,6 +273,17 @@ impl ClusterConfig {
     pub fn nimbus_token(&self) -> Result<Option<String>, String> {
         self.string(NIMBUS_TOKEN)
     }
+
+    /// TLS towards nimbus (`nimbus.http.tls.ca`, `.client.cert`, `.client.key`), read from its
+    /// files; `None`: plain HTTP.
+    pub fn nimbus_tls(&self) -> Result<Option<cluster_state::tls::ClientTls>, String> {
+        use cluster_state::tls;
+        let path = |key| self.string(key).map(|v| v.map(PathBuf::from));
+        let (ca, cert, key) =
+            (path(tls::NIMBUS_CA)?, path(tls::NIMBUS_CLIENT_CERT)?, path(tls::NIMBUS_CLIENT_KEY)?);
+        tls::nimbus_client(ca.as_deref(), cert.as_deref(), key.as_deref())
+            .map_err(|e| format!("{}: {e}", self.name()))
+    }
 }
 
 #[cfg(test)]

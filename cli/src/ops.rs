@@ -40,7 +40,7 @@ impl ClientArgs {
         if seeds.is_empty() {
             return Err("--nimbus names no address".to_owned());
         }
-        Ok(NimbusClient::with_seeds(seeds, config.nimbus_token()?))
+        Ok(NimbusClient::with_seeds(seeds, config.nimbus_token()?).with_tls(config.nimbus_tls()?))
     }
 }
 

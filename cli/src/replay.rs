@@ -131,7 +131,9 @@ impl ReplayCommand {
                 zookeeper: Some(self.zookeeper.clone().unwrap_or_else(|| group.zookeeper.clone())),
                 registry_chroot: group.chroot.clone(),
                 brokers: Some(self.brokers.clone().unwrap_or_else(|| group.brokers.clone())),
-                config: None,
+                // The cluster's ZooKeeper credentials: the registry's nodes are writable only
+                // with them.
+                config: self.client.config.clone(),
                 offsets_storage: group.offsets_storage,
             },
         }

@@ -12,6 +12,10 @@
 //! touching a worker, while delayed kills and rebalances complete at their deadlines; a leader
 //! paused (SIGSTOP) past its session timeout writes nothing after (ZooKeeper's transaction log
 //! says who wrote what) and rejoins as a follower once resumed.
+//!
+//! Every [`Cluster`] runs with ZooKeeper authentication on (`storm.zookeeper.auth.*`, issue
+//! #16): its processes, its workers, the `squall` verbs and the test's own session all use the
+//! cluster's digest credentials, and Storm's layout is closed to anyone else.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -22,7 +26,7 @@ use std::time::Duration;
 
 use cluster_state::api::{ClusterSummary, Route};
 use cluster_state::clock::now_secs;
-use cluster_state::coord::{Ensemble, Session, SessionOptions};
+use cluster_state::coord::{Ensemble, Security, Session, SessionOptions, ZkAuth};
 use cluster_state::ids::{ExecutorId, SupervisorId, TopologyId, WorkerSlot};
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{Assignment, StormBase, SupervisorInfo, WorkerHeartbeat, ZnodeData};
@@ -31,6 +35,8 @@ use test_harness::eventually;
 use test_harness::prometheus::{Prometheus, encode};
 
 const SQUALL: &str = env!("CARGO_BIN_EXE_squall");
+/// The cluster's ZooKeeper credentials (`storm.zookeeper.auth.payload`).
+const ZK_AUTH: &str = "squall:cluster-test-secret";
 
 /// The Kafka-protocol broker of the end-to-end tests (tansu), shared with kafka-spout's tests.
 #[path = "../../kafka-spout/tests/support/tansu.rs"]
@@ -130,6 +136,8 @@ impl Cluster {
             format!(
                 "# one file for every process of the test cluster\n\
                  storm.zookeeper.session.timeout: 4000\n\
+                 storm.zookeeper.auth.scheme: digest\n\
+                 storm.zookeeper.auth.payload: \"{ZK_AUTH}\"\n\
                  storm.local.hostname: 127.0.0.1\n\
                  nimbus.monitor.freq.secs: 1\n\
                  nimbus.task.timeout.secs: 10\n\
@@ -203,8 +211,14 @@ impl Cluster {
             .unwrap()
     }
 
+    /// A session with the cluster's credentials (Storm's layout is closed to anonymous ones).
     async fn session(&self) -> Session {
-        Ensemble::zookeeper(self.zookeeper.clone()).connect(&SessionOptions::default()).await.unwrap()
+        let auth = ZkAuth::new("digest", ZK_AUTH).unwrap();
+        Ensemble::zookeeper(self.zookeeper.clone())
+            .with_security(Security::new(Some(auth), StormPaths::DEFAULT_ROOT))
+            .connect(&SessionOptions::default())
+            .await
+            .unwrap()
     }
 }
 
@@ -318,6 +332,12 @@ async fn a_cluster_runs_recovers_rebalances_and_kills_across_a_nimbus_restart() 
         sups[&a_ports.iter().copied().min().unwrap()].clone(),
         sups[&b_ports.iter().copied().min().unwrap()].clone(),
     );
+    // ZooKeeper authentication is on: a session without the credentials reads nothing.
+    let anonymous =
+        Ensemble::zookeeper(cluster.zookeeper.clone()).connect(&SessionOptions::default()).await.unwrap();
+    let refused = anonymous.children(&paths.supervisors_dir()).await;
+    assert!(matches!(refused, Err(cluster_state::coord::Error::NoAuth { .. })), "{refused:?}");
+    drop(anonymous);
 
     // A bad topology file is refused before anything is uploaded; nothing is written.
     let bad = cluster.dir("bad.yaml");

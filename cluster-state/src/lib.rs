@@ -30,6 +30,8 @@
 //!   semantics: real ZooKeeper (`zookeeper-client`) and an in-memory ensemble for
 //!   `squall local` and fast tests. One conformance suite holds both to the same behaviour.
 //! - [`files`]: owner-only files (`0600`) and directories (`0700`), how Squall writes to disk.
+//! - [`tls`]: TLS settings (server certificate and key, client CA for mutual TLS; a client's
+//!   CA and certificate) loaded with rustls, errors naming the config key and file.
 //! - [`secrets`]: which topology params are secrets, and redaction of their values from API
 //!   answers, reported errors and logs.
 
@@ -50,4 +52,5 @@ pub mod paths;
 pub mod secrets;
 pub mod signal;
 pub mod structure;
+pub mod tls;
 pub mod znode;

@@ -69,13 +69,23 @@ pub fn respond(registry: &Registry, method: &Method, path: &str) -> Response<Ful
 /// Serves `/metrics` on `listener` until `cancel`, then drains its connections (see
 /// [`crate::http::serve`]).
 pub async fn serve(listener: TcpListener, registry: Registry, cancel: CancellationToken) {
+    serve_tls(listener, registry, None, cancel).await;
+}
+
+/// [`serve`], over TLS when `tls` is set (a supervisor's `supervisor.metrics.tls.*`).
+pub async fn serve_tls(
+    listener: TcpListener,
+    registry: Registry,
+    tls: Option<crate::tls::TlsAcceptor>,
+    cancel: CancellationToken,
+) {
     let registry = Arc::new(registry);
     let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
         let response = respond(&registry, request.method(), request.uri().path());
         async move { Ok::<_, Infallible>(response) }
     });
     // hyper's default header timeout: a scrape sends its headers at once.
-    let options = ServeOptions { name: "metrics", header_read_timeout: Duration::from_secs(30) };
+    let options = ServeOptions { name: "metrics", header_read_timeout: Duration::from_secs(30), tls };
     crate::http::serve(listener, service, options, cancel).await;
 }
 

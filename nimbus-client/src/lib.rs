@@ -6,6 +6,10 @@
 //! [`NimbusClient::timeout`]. A code download streams ([`CodeDownload`]): the caller writes the
 //! bytes where it wants and checks them against the checksum nimbus sent.
 //!
+//! With [`NimbusClient::with_tls`] every call is HTTPS: nimbus's certificate must chain to the
+//! configured CA (`nimbus.http.tls.ca`) and name the host called; the client presents its own
+//! certificate when configured (mutual TLS).
+//!
 //! Errors ([`ClientError`]) separate nimbus not answering (retryable) from nimbus refusing
 //! (its `errorMessage` quoted with the status) and an answer this client cannot read.
 
@@ -23,6 +27,7 @@ use cluster_state::api::{
 };
 use cluster_state::code::CodeFile;
 use cluster_state::ids::TopologyId;
+use cluster_state::tls::ClientTls;
 use http_body_util::{BodyExt, Full};
 pub use hyper::StatusCode;
 use hyper::body::Incoming;
@@ -48,6 +53,11 @@ pub enum ClientError {
     /// nimbus answered something this client cannot read (a version mismatch, most likely).
     #[error("nimbus's answer to {what} is not what this client reads: {source}")]
     BadAnswer { what: String, source: BodyError },
+    /// The TLS handshake failed: nimbus's certificate is not trusted (`nimbus.http.tls.ca`),
+    /// nimbus refused this client's certificate or the lack of one (mutual TLS), or one side
+    /// speaks plain HTTP. A configuration problem: retrying does not help.
+    #[error("TLS with nimbus at {address} failed: {reason}")]
+    Tls { address: String, reason: String },
     /// A follower refused a mutating call; `leader` is the leader it named, if any. The client
     /// follows it by itself; this is what is left when no leader answered in time.
     #[error("nimbus at {address} is not the leader ({message})")]
@@ -60,7 +70,7 @@ impl ClientError {
         match self {
             ClientError::Unreachable { .. } | ClientError::NotLeader { .. } => true,
             ClientError::Refused { status, .. } => status.is_server_error(),
-            ClientError::BadAnswer { .. } => false,
+            ClientError::BadAnswer { .. } | ClientError::Tls { .. } => false,
         }
     }
 
@@ -91,6 +101,8 @@ pub struct NimbusClient {
     pub timeout: Duration,
     /// How long a call keeps looking for a nimbus (or the leader) that answers.
     pub failover: Duration,
+    /// HTTPS with this CA (and client certificate), when set; plain HTTP otherwise.
+    pub tls: Option<ClientTls>,
     /// The nimbus that answered last, shared by clones.
     current: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
@@ -130,6 +142,7 @@ impl NimbusClient {
             token,
             timeout: Duration::from_secs(120),
             failover: Duration::ZERO,
+            tls: None,
             current: Default::default(),
         }
     }
@@ -141,6 +154,12 @@ impl NimbusClient {
         client.seeds = seeds;
         client.failover = Duration::from_secs(60);
         client
+    }
+
+    /// Calls over TLS with `tls` (`None`: plain HTTP).
+    pub fn with_tls(mut self, tls: Option<ClientTls>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// The nimbus the next call goes to first.
@@ -386,16 +405,13 @@ impl NimbusClient {
             let stream = tokio::net::TcpStream::connect(address)
                 .await
                 .map_err(|e| Self::unreachable_at(address, e))?;
-            let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(|e| Self::unreachable_at(address, e))?;
-            // Drives the connection; it ends when the response body is dropped or read.
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!("connection to nimbus ended: {e}");
+            match &self.tls {
+                None => send(address, stream, request).await,
+                Some(tls) => {
+                    let stream = tls.connect(address, stream).await.map_err(|e| io_failure(address, &e))?;
+                    send(address, stream, request).await
                 }
-            });
-            sender.send_request(request).await.map_err(|e| Self::unreachable_at(address, e))
+            }
         };
         tokio::time::timeout(self.timeout, exchange).await.map_err(|_| {
             Self::unreachable_at(address, format!("no answer within {}s", self.timeout.as_secs()))
@@ -440,4 +456,57 @@ impl NimbusClient {
             )),
         }
     }
+}
+
+/// Sends `request` over `stream` (plain or TLS); returns the answer once its headers are in.
+async fn send<S>(
+    address: &str,
+    stream: S,
+    request: Request<Full<Bytes>>,
+) -> Result<Response<Incoming>, ClientError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| io_failure(address, &e))?;
+    // The connection is driven here until the answer's headers are in, so that a failure is
+    // reported with its cause (a TLS alert: nimbus refused our certificate), which hyper hands
+    // to the pending request as the connection ends.
+    let mut connection = Box::pin(connection);
+    let mut sent = Box::pin(sender.send_request(request));
+    let response = tokio::select! {
+        biased;
+        response = &mut sent => response,
+        ended = &mut connection => {
+            if let Err(e) = ended {
+                return Err(io_failure(address, &e));
+            }
+            sent.await
+        }
+    }
+    .map_err(|e| io_failure(address, &e))?;
+    // Then on its own task; it ends when the response body is dropped or read.
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!("connection to nimbus ended: {e}");
+        }
+    });
+    Ok(response)
+}
+
+/// A failed exchange: [`ClientError::Tls`] when TLS failed (under TLS 1.3 a server's refusal of
+/// our certificate arrives with the first answer), else [`ClientError::Unreachable`].
+fn io_failure(address: &str, error: &(dyn std::error::Error + 'static)) -> ClientError {
+    if let Some(reason) = cluster_state::tls::tls_failure(error) {
+        return ClientError::Tls { address: address.to_owned(), reason };
+    }
+    // hyper's errors name the step; the cause is in their sources.
+    let mut reason = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        reason = format!("{reason}: {cause}");
+        source = cause.source();
+    }
+    NimbusClient::unreachable_at(address, reason)
 }

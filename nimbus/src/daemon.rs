@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use cluster_state::coord::{self, Ensemble, SessionOptions, SessionState};
 use cluster_state::paths::{KafkaPaths, StormPaths};
+use cluster_state::tls::{self, ClientTls, ServerTls, TlsAcceptor, TlsError, TlsFile};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -90,6 +91,25 @@ pub struct NimbusConfig {
     /// the port can then submit code that supervisors run). Off by default.
     #[serde(rename = "nimbus.http.insecure")]
     pub http_insecure: bool,
+    /// Squall's: the API's certificate chain (PEM). With `nimbus.http.tls.key`, the API is
+    /// HTTPS only.
+    #[serde(rename = "nimbus.http.tls.cert")]
+    pub http_tls_cert: Option<PathBuf>,
+    /// Squall's: the private key of `nimbus.http.tls.cert` (PEM).
+    #[serde(rename = "nimbus.http.tls.key")]
+    pub http_tls_key: Option<PathBuf>,
+    /// Squall's: mutual TLS: clients must present a certificate chaining to this CA (PEM).
+    #[serde(rename = "nimbus.http.tls.client.ca")]
+    pub http_tls_client_ca: Option<PathBuf>,
+    /// Squall's, as a client of other nimbuses (copying code): the CA their certificates chain to.
+    #[serde(rename = "nimbus.http.tls.ca")]
+    pub http_tls_ca: Option<PathBuf>,
+    /// Squall's, as a client of other nimbuses under mutual TLS: this nimbus's client certificate.
+    #[serde(rename = "nimbus.http.tls.client.cert")]
+    pub http_tls_client_cert: Option<PathBuf>,
+    /// Squall's: the private key of `nimbus.http.tls.client.cert`.
+    #[serde(rename = "nimbus.http.tls.client.key")]
+    pub http_tls_client_key: Option<PathBuf>,
     /// Squall's: the largest topology code upload.
     #[serde(rename = "nimbus.code.max.upload.bytes")]
     pub max_upload_bytes: u64,
@@ -159,6 +179,13 @@ impl Default for NimbusConfig {
             http_port: 8080,
             http_token: None,
             http_insecure: false,
+            // Plain HTTP unless configured (SECURITY.md).
+            http_tls_cert: None,
+            http_tls_key: None,
+            http_tls_client_ca: None,
+            http_tls_ca: None,
+            http_tls_client_cert: None,
+            http_tls_client_key: None,
             max_upload_bytes: CodeStoreLimits::default().max_upload_bytes,
             // Storm's defaults.yaml: `topology.max.task.parallelism: null`; the other two are
             // Squall's (see `TopologyLimits`).
@@ -252,7 +279,31 @@ impl NimbusConfig {
             });
         }
         self.lag_paths()?;
+        self.server_tls()?;
+        self.client_tls()?;
         Ok(paths)
+    }
+
+    /// The API's TLS (`nimbus.http.tls.cert` / `.key` / `.client.ca`), read from its files;
+    /// `None`: plain HTTP.
+    pub fn server_tls(&self) -> Result<Option<TlsAcceptor>, NimbusError> {
+        let file = |key, path: &Option<PathBuf>| TlsFile::from_setting(key, path.as_deref());
+        let server = ServerTls::from_settings(
+            file(tls::NIMBUS_CERT, &self.http_tls_cert),
+            file(tls::NIMBUS_KEY, &self.http_tls_key),
+            file(tls::NIMBUS_CLIENT_CA, &self.http_tls_client_ca),
+            [tls::NIMBUS_CERT, tls::NIMBUS_KEY, tls::NIMBUS_CLIENT_CA],
+        )?;
+        Ok(server.map(|s| s.acceptor()).transpose()?)
+    }
+
+    /// TLS towards other nimbuses (`nimbus.http.tls.ca` / `.client.cert` / `.client.key`).
+    pub fn client_tls(&self) -> Result<Option<ClientTls>, NimbusError> {
+        Ok(tls::nimbus_client(
+            self.http_tls_ca.as_deref(),
+            self.http_tls_client_cert.as_deref(),
+            self.http_tls_client_key.as_deref(),
+        )?)
     }
 
     /// The limits a topology must keep to.
@@ -319,6 +370,9 @@ pub fn is_loopback_host(host: &str) -> bool {
 pub enum NimbusError {
     #[error("config key {key}: {message}")]
     Config { key: &'static str, message: String },
+    /// A TLS setting that cannot be used (the error names the key and the file).
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     #[error("cannot listen on {address} (nimbus.http.host / nimbus.http.port): {source}")]
     Bind { address: String, source: std::io::Error },
     #[error("cannot connect to ZooKeeper: {0}")]
@@ -381,6 +435,8 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), NimbusError> {
     let paths = config.validate()?;
+    let api_tls = config.server_tls()?;
+    let client_tls = config.client_tls()?;
     let metrics = NimbusMetrics::register(registry)?;
     let options = SessionOptions {
         session_timeout: Duration::from_millis(config.zookeeper_session_timeout_ms),
@@ -440,7 +496,8 @@ pub async fn serve(
         me.address(),
         config.http_token.clone(),
         config.max_upload_bytes,
-    );
+    )
+    .with_tls(client_tls);
     let election = Election::new(
         session.clone(),
         paths,
@@ -458,6 +515,7 @@ pub async fn serve(
             token: config.http_token.clone(),
             min_replication_count: config.min_replication_count as usize,
             max_replication_wait: Duration::from_secs(config.max_replication_wait_secs),
+            https: api_tls.is_some(),
             ..Default::default()
         },
         nimbus_start_secs: start_secs,
@@ -465,12 +523,13 @@ pub async fn serve(
         replicator: Some(replicator.clone()),
     });
     if let Ok(address) = listener.local_addr() {
-        tracing::info!(%address, registered_as = %me.address(), "nimbus API listening");
+        let scheme = if config.http_tls_cert.is_some() { "https" } else { "http" };
+        tracing::info!(%address, scheme, registered_as = %me.address(), "nimbus API listening");
     }
 
     let children = shutdown.child_token();
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(http::run(listener, api, children.clone()));
+    tasks.spawn(http::run_tls(listener, api, api_tls, children.clone()));
     tasks.spawn(expire_uploads(code, monitor_freq, children.clone()));
     tasks.spawn(lag.run(children.clone()));
     let duties =

@@ -78,6 +78,9 @@ pub struct ApiConfig {
     pub min_replication_count: usize,
     /// `topology.max.replication.wait.time.sec`: the longest a submit waits for that.
     pub max_replication_wait: Duration,
+    /// The API is served over TLS (`nimbus.http.tls.cert`): discovery marks nimbus's own
+    /// target `https`.
+    pub https: bool,
 }
 
 impl Default for ApiConfig {
@@ -93,6 +96,7 @@ impl Default for ApiConfig {
             // Storm's defaults.yaml.
             min_replication_count: 1,
             max_replication_wait: Duration::from_secs(60),
+            https: false,
         }
     }
 }
@@ -119,7 +123,18 @@ type Body = BoxBody<Bytes, io::Error>;
 /// Serves the API on `listener` until `shutdown`; returns once every connection has finished
 /// (in-flight requests complete, idle keep-alive connections are closed).
 pub async fn run(listener: TcpListener, state: Arc<ApiState>, shutdown: CancellationToken) {
-    let options = ServeOptions { name: "nimbus API", header_read_timeout: state.config.header_read_timeout };
+    run_tls(listener, state, None, shutdown).await;
+}
+
+/// [`run`], over TLS when `tls` is set (`nimbus.http.tls.*`).
+pub async fn run_tls(
+    listener: TcpListener,
+    state: Arc<ApiState>,
+    tls: Option<cluster_state::tls::TlsAcceptor>,
+    shutdown: CancellationToken,
+) {
+    let options =
+        ServeOptions { name: "nimbus API", header_read_timeout: state.config.header_read_timeout, tls };
     let service = hyper::service::service_fn(move |request| {
         let state = state.clone();
         async move { Ok::<_, Infallible>(handle(&state, request).await) }
@@ -448,7 +463,7 @@ async fn prometheus_targets(state: &ApiState, own: &str) -> Result<Vec<TargetGro
     let snapshot = snapshot(state).await?;
     let workers = state::read_worker_endpoints(t.session(), t.paths(), snapshot.storms.keys()).await?;
     t.metrics().garbage_znodes.inc_by(workers.skipped.len() as u64);
-    Ok(crate::views::discovery_targets(own, &snapshot, &workers.value))
+    Ok(crate::views::discovery_targets(own, state.config.https, &snapshot, &workers.value))
 }
 
 async fn topology(state: &ApiState, id: &TopologyId) -> Result<TopologyDetail, ApiError> {

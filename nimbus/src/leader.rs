@@ -37,6 +37,7 @@ use cluster_state::code::CodeFile;
 use cluster_state::coord::{self, CreateMode, Op, Session, WatchEvent};
 use cluster_state::ids::TopologyId;
 use cluster_state::paths::StormPaths;
+use cluster_state::tls::ClientTls;
 use cluster_state::znode::{NimbusSummary, ZnodeData};
 use nimbus_client::{ClientError, NimbusClient, StatusCode};
 use tokio::sync::watch;
@@ -270,6 +271,8 @@ pub struct Replicator {
     /// Our own address: not a source, and our name under `/blobstore/<id>`.
     address: String,
     token: Option<String>,
+    /// TLS towards the other nimbuses (`nimbus.http.tls.ca`, client certificate).
+    tls: Option<ClientTls>,
     /// Largest code file copied (`nimbus.code.max.upload.bytes`).
     max_file_bytes: u64,
 }
@@ -300,7 +303,13 @@ impl Replicator {
         token: Option<String>,
         max_file_bytes: u64,
     ) -> Self {
-        Replicator { session, paths, code, address, token, max_file_bytes }
+        Replicator { session, paths, code, address, token, tls: None, max_file_bytes }
+    }
+
+    /// Copies over TLS with `tls` (`None`: plain HTTP).
+    pub fn with_tls(mut self, tls: Option<ClientTls>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Stored topologies (names under `/storms` that are ids).
@@ -391,7 +400,7 @@ impl Replicator {
     }
 
     async fn fetch_from(&self, id: &TopologyId, source: &str) -> Result<(), String> {
-        let mut client = NimbusClient::new(source, self.token.clone());
+        let mut client = NimbusClient::new(source, self.token.clone()).with_tls(self.tls.clone());
         client.timeout = Duration::from_secs(10);
         // The definition last: holding it means holding the whole code (`CodeStore::holds`).
         for file in [CodeFile::WorkerBinary, CodeFile::Secret, CodeFile::Topology] {

@@ -125,6 +125,7 @@ impl ClusterSnapshot {
 /// target label of the same name would make Prometheus rename to `exported_topology`.
 pub fn discovery_targets(
     nimbus: &str,
+    nimbus_https: bool,
     snapshot: &ClusterSnapshot,
     workers: &[crate::state::WorkerEndpoint],
 ) -> Vec<TargetGroup> {
@@ -134,7 +135,14 @@ pub fn discovery_targets(
     };
     let mut groups = Vec::new();
     if !nimbus.is_empty() {
-        groups.push(group(nimbus.to_owned(), &[("squall_role", "nimbus")]));
+        // Prometheus takes a target's scheme from `__scheme__`: nimbus's `/metrics` is on its
+        // API, HTTPS when that is; supervisors and workers serve plain HTTP.
+        let labels: &[(&str, &str)] = if nimbus_https {
+            &[("squall_role", "nimbus"), ("__scheme__", "https")]
+        } else {
+            &[("squall_role", "nimbus")]
+        };
+        groups.push(group(nimbus.to_owned(), labels));
     }
     for (id, info) in &snapshot.supervisors {
         if let Some(endpoint) = &info.metrics_endpoint {
@@ -294,7 +302,7 @@ mod tests {
             slot: WorkerSlot { node: sup("a"), port: 6700 },
             endpoint: "h:9000".into(),
         };
-        let groups = discovery_targets("n:8080", &snapshot, &[worker]);
+        let groups = discovery_targets("n:8080", false, &snapshot, &[worker]);
         let labels: Vec<(&str, &str)> =
             groups[groups.len() - 1].labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         assert_eq!(
@@ -306,5 +314,9 @@ mod tests {
                 ("supervisor", "a")
             ]
         );
+        assert!(!groups[0].labels.contains_key("__scheme__"), "plain HTTP: Prometheus's default");
+        let groups = discovery_targets("n:8080", true, &snapshot, &[]);
+        assert_eq!(groups[0].labels.get("__scheme__").map(String::as_str), Some("https"));
+        assert!(groups[1..].iter().all(|g| !g.labels.contains_key("__scheme__")), "{groups:?}");
     }
 }

@@ -207,7 +207,7 @@ impl CodeSync {
             other @ ClientError::NotLeader { .. } => {
                 CodeError::Nimbus { nimbus: self.nimbus.current(), reason: other.to_string() }
             }
-            other @ ClientError::BadAnswer { .. } => {
+            other @ (ClientError::BadAnswer { .. } | ClientError::Tls { .. }) => {
                 CodeError::Nimbus { nimbus: self.nimbus.current(), reason: other.to_string() }
             }
         };

@@ -22,6 +22,7 @@ use cluster_state::ids::{SupervisorId, TopologyId, WorkerId};
 use cluster_state::launch::WorkerLaunch;
 use cluster_state::metrics::CoordMetrics;
 use cluster_state::paths::StormPaths;
+use cluster_state::tls::ClientTls;
 use cluster_state::znode::{Assignment, SupervisorInfo};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -34,6 +35,7 @@ use crate::metrics::SupervisorMetrics;
 use crate::plan::{LocalAssignment, WorkerTimeouts, local_assignment};
 use crate::process_task::{Done, ProcessError, ProcessTask, SpecBuilder};
 use crate::registration::Registration;
+use crate::run_as::{RunAs, WorkerUser};
 
 /// The supervisor's settings, with Storm's key names.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -69,10 +71,26 @@ pub struct SupervisorConfig {
     /// Squall's: nimbus's token, which code downloads need (the same key nimbus reads).
     #[serde(rename = "nimbus.http.token")]
     pub nimbus_token: Option<String>,
+    /// Squall's: the CA nimbus's certificate must chain to; set, code downloads are HTTPS
+    /// (the same key the CLI reads).
+    #[serde(rename = "nimbus.http.tls.ca")]
+    pub nimbus_tls_ca: Option<PathBuf>,
+    /// Squall's: this supervisor's client certificate, for a nimbus requiring mutual TLS.
+    #[serde(rename = "nimbus.http.tls.client.cert")]
+    pub nimbus_tls_client_cert: Option<PathBuf>,
+    /// Squall's: the private key of `nimbus.http.tls.client.cert`.
+    #[serde(rename = "nimbus.http.tls.client.key")]
+    pub nimbus_tls_client_key: Option<PathBuf>,
     /// Storm's: every nimbus's `host:port`; code is downloaded from whichever holds it (the
     /// nimbuses registered in `/storm/nimbuses` are tried too). Empty: `nimbus.http.address`.
     #[serde(rename = "nimbus.seeds")]
     pub seeds: Vec<String>,
+    /// Storm's key (a boolean there, running workers as the topology's submitter through
+    /// `worker-launcher`); Squall's value is the user name: with the supervisor running as
+    /// root, every worker runs as this unprivileged user (SECURITY.md). Unset: the
+    /// supervisor's own user.
+    #[serde(rename = "supervisor.run.worker.as.user")]
+    pub run_worker_as_user: Option<String>,
     /// Squall's: the port of this supervisor's Prometheus `/metrics` (0: any free port; the
     /// endpoint is published in `/storm/supervisors/<id>` for discovery either way).
     #[serde(rename = "supervisor.metrics.port")]
@@ -96,7 +114,12 @@ impl Default for SupervisorConfig {
             worker_shutdown_sleep_secs: 3,
             nimbus_address: "127.0.0.1:8080".to_owned(),
             nimbus_token: None,
+            // Plain HTTP unless configured (SECURITY.md).
+            nimbus_tls_ca: None,
+            nimbus_tls_client_cert: None,
+            nimbus_tls_client_key: None,
             seeds: Vec::new(),
+            run_worker_as_user: None,
             metrics_port: 0,
         }
     }
@@ -107,6 +130,9 @@ impl Default for SupervisorConfig {
 pub enum SupervisorError {
     #[error("bad setting {key}: {reason}")]
     Config { key: &'static str, reason: String },
+    /// A TLS setting that cannot be used (the error names the key and the file).
+    #[error(transparent)]
+    Tls(cluster_state::tls::TlsError),
     #[error(transparent)]
     Process(#[from] ProcessError),
 }
@@ -129,8 +155,30 @@ impl SupervisorConfig {
                 return Err(SupervisorError::Config { key, reason: "must be at least 1".into() });
             }
         }
+        self.nimbus_tls()?;
+        self.worker_user()?;
         StormPaths::new(&self.zookeeper_root)
             .map_err(|e| SupervisorError::Config { key: "storm.zookeeper.root", reason: e.to_string() })
+    }
+
+    /// The user workers run as (`supervisor.run.worker.as.user`), checked: it exists, is not
+    /// root, and this process is root.
+    pub fn worker_user(&self) -> Result<Option<WorkerUser>, SupervisorError> {
+        let Some(name) = &self.run_worker_as_user else { return Ok(None) };
+        WorkerUser::for_supervisor(name)
+            .map(Some)
+            .map_err(|e| SupervisorError::Config { key: crate::run_as::KEY, reason: e.to_string() })
+    }
+
+    /// TLS towards nimbus for code downloads (`nimbus.http.tls.ca`, client certificate), read
+    /// from its files; `None`: plain HTTP.
+    pub fn nimbus_tls(&self) -> Result<Option<ClientTls>, SupervisorError> {
+        cluster_state::tls::nimbus_client(
+            self.nimbus_tls_ca.as_deref(),
+            self.nimbus_tls_client_cert.as_deref(),
+            self.nimbus_tls_client_key.as_deref(),
+        )
+        .map_err(SupervisorError::Tls)
     }
 
     fn session_options(&self) -> SessionOptions {
@@ -159,6 +207,7 @@ fn worker_spec(
     code: &CodeSync,
     program: &WorkerProgram,
     auth: Option<&ZkAuth>,
+    user: Option<WorkerUser>,
 ) -> SpecBuilder {
     let (config, paths, code, program) = (config.clone(), paths.clone(), code.clone(), program.clone());
     // The cluster's ZooKeeper credentials, in the environment: a command line is public.
@@ -183,12 +232,19 @@ fn worker_spec(
             launch.zookeeper_session_timeout_ms = config.zookeeper_session_timeout_ms;
             launch.zookeeper_connection_timeout_ms = config.zookeeper_connection_timeout_ms;
             let logs = config.local_dir.join("logs");
+            let local = &config.local_dir;
+            let run_as = user.clone().map(|user| RunAs {
+                user,
+                traverse: vec![local.clone(), code.stormdist.clone(), local.join("workers")],
+                owned: vec![dir.clone(), local.join("workers").join(worker_id.as_str())],
+            });
             WorkerSpec {
                 program: if own_binary.is_file() { own_binary } else { program.squall.clone() },
                 launch,
                 env: env.clone(),
                 dir: config.local_dir.clone(),
                 log_path: logs.join(format!("worker-{port}-{worker_id}.log")),
+                run_as,
             }
         },
     )
@@ -247,14 +303,19 @@ pub async fn run(
         if config.seeds.is_empty() { vec![config.nimbus_address.clone()] } else { config.seeds.clone() };
     let mut code = CodeSync::with_seeds(configured_seeds.clone(), &config.local_dir);
     code.nimbus.token = config.nimbus_token.clone();
+    code.nimbus.tls = config.nimbus_tls()?;
     let timeouts = WorkerTimeouts {
         heartbeat_secs: config.worker_timeout_secs,
         start_secs: config.worker_start_timeout_secs,
     };
+    let worker_user = config.worker_user()?;
+    if let Some(user) = &worker_user {
+        tracing::info!(user = %user.name, uid = user.uid, gid = user.gid, "workers run as another user");
+    }
     let mut process = ProcessTask::open(
         &config.local_dir,
         launcher,
-        worker_spec(&config, &paths, &code, &program, ensemble.security().auth.as_ref()),
+        worker_spec(&config, &paths, &code, &program, ensemble.security().auth.as_ref(), worker_user),
         timeouts,
         Duration::from_secs(config.worker_shutdown_sleep_secs),
     )?;
@@ -493,7 +554,7 @@ mod tests {
         let paths = config.validate().unwrap();
         let code = CodeSync::new("127.0.0.1:1", &config.local_dir);
         let program = WorkerProgram { squall: "/usr/bin/squall".into(), zookeeper: Some("zk1:2181".into()) };
-        let build = worker_spec(&config, &paths, &code, &program, None);
+        let build = worker_spec(&config, &paths, &code, &program, None, None);
         let assignment =
             LocalAssignment { topology_id: "wc-1-1700000000".parse().unwrap(), executors: BTreeSet::new() };
         let (supervisor, worker) = ("sup-1".parse().unwrap(), "w-1".parse().unwrap());

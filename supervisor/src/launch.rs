@@ -30,6 +30,8 @@ use std::sync::{Mutex, MutexGuard};
 use cluster_state::launch::WorkerLaunch;
 use rustix::process::{Pid, Signal};
 
+use crate::run_as::RunAs;
+
 /// Everything needed to start one worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerSpec {
@@ -44,6 +46,9 @@ pub struct WorkerSpec {
     pub dir: PathBuf,
     /// Where its stdout and stderr go (appended).
     pub log_path: PathBuf,
+    /// The unprivileged user it runs as (`supervisor.run.worker.as.user`), and the paths it
+    /// needs; `None`: the supervisor's user.
+    pub run_as: Option<RunAs>,
 }
 
 impl WorkerSpec {
@@ -62,6 +67,9 @@ pub enum LaunchError {
     /// The program could not be started (missing, not executable, ...).
     #[error("worker {worker_id}: cannot start {program}: {source}")]
     Spawn { worker_id: String, program: PathBuf, source: io::Error },
+    /// The worker's directories could not be handed to its user.
+    #[error("worker {worker_id}: cannot prepare {path} for user {user}: {source}")]
+    Prepare { worker_id: String, user: String, path: PathBuf, source: io::Error },
     /// A signal could not be delivered (other than to a process already gone).
     #[error("cannot signal worker process {pid}: {source}")]
     Signal { pid: u32, source: io::Error },
@@ -142,20 +150,31 @@ impl Launcher for ProcessLauncher {
             path: spec.log_path.clone(),
             source,
         })?;
-        let child = Command::new(&spec.program)
+        let mut command = Command::new(&spec.program);
+        command
             .args(spec.launch.to_args())
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .current_dir(&spec.dir)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(stderr)
-            .process_group(0)
-            .spawn()
-            .map_err(|source| LaunchError::Spawn {
+            .process_group(0);
+        if let Some(run_as) = &spec.run_as {
+            run_as.prepare().map_err(|(path, source)| LaunchError::Prepare {
                 worker_id: spec.worker_id(),
-                program: spec.program.clone(),
+                user: run_as.user.name.clone(),
+                path,
                 source,
             })?;
+            // std sets the gid, clears the supplementary groups and sets the uid in the child,
+            // before exec (and before changing to `dir`).
+            command.gid(run_as.user.gid).uid(run_as.user.uid);
+        }
+        let child = command.spawn().map_err(|source| LaunchError::Spawn {
+            worker_id: spec.worker_id(),
+            program: spec.program.clone(),
+            source,
+        })?;
         let pid = child.id();
         let mut children = self.children();
         Self::reap(&mut children);
@@ -248,6 +267,7 @@ mod tests {
             env: vec![("SQUALL_TEST".into(), "yes".into())],
             dir: dir.to_path_buf(),
             log_path: dir.join("worker.log"),
+            run_as: None,
         }
     }
 

@@ -37,3 +37,4 @@ pub mod metrics;
 pub mod plan;
 pub mod process_task;
 pub mod registration;
+pub mod run_as;

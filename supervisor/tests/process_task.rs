@@ -92,6 +92,7 @@ fn fake_worker_that(local_dir: &Path, behaviour: Behaviour) -> SpecBuilder {
             env: vec![],
             dir: program_dir,
             log_path: local_dir.join(format!("{worker_id}.log")),
+            run_as: None,
         }
     })
 }

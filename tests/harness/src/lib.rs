@@ -96,6 +96,7 @@ pub mod prometheus;
 pub mod promtool;
 mod relay;
 mod spawn;
+pub mod tls;
 mod wait;
 
 pub use relay::TcpRelay;
