@@ -65,7 +65,10 @@ dataDir=$dir/zookeeper/data
 clientPort=$zk_port
 clientPortAddress=127.0.0.1
 admin.enableServer=false
-4lw.commands.whitelist=ruok,stat,srvr
+# Every supervisor, worker and spout task holds a session; one host runs them all here
+# (ZooKeeper's default of 60 per client address is below a 2,000-supervisor simulation).
+maxClientCnxns=0
+4lw.commands.whitelist=ruok,stat,srvr,mntr
 CFG
   local cp=$jar
   [[ -f /usr/share/java/slf4j-simple.jar ]] && cp=$cp:/usr/share/java/slf4j-simple.jar

@@ -298,6 +298,7 @@ impl Launcher for InProcessLauncher {
             worker::cli::prepare(spec.launch.clone(), &self.registry).map_err(|e| failed(e.to_string()))?;
         // Heartbeats every second, so progress lines are fresh.
         config.zk_heartbeat_frequency_secs = 1;
+        config.workerbeats_zk_secs = Some(1);
         config.shutdown_drain_ms = DRAIN.as_millis() as u64 / 2;
         let pid = self.next_pid.fetch_add(1, Ordering::Relaxed);
         let (stop, done) = (CancellationToken::new(), CancellationToken::new());

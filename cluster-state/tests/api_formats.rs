@@ -9,9 +9,9 @@ use std::fmt::Debug;
 use cluster_state::api::{
     self, BeginUpload, BodyError, ChunkReceived, ClusterSummary, Count, ErrorBody, FinishUpload,
     NimbusSummaries, NimbusSummaryView, Operation, PendingAction, PendingTransitionView, RebalanceOptions,
-    RebalanceRequest, SubmitTopology, Submitted, SupervisorSummaries, SupervisorSummary, TargetGroup,
-    TopologyDetail, TopologyError, TopologyErrors, TopologyOperation, TopologySummaries, TopologySummary,
-    UploadBegun, UploadFinished, UploadId,
+    RebalanceRequest, SubmitTopology, Submitted, SupervisorHeartbeat, SupervisorSummaries, SupervisorSummary,
+    TargetGroup, TopologyDetail, TopologyError, TopologyErrors, TopologyOperation, TopologySummaries,
+    TopologySummary, UploadBegun, UploadFinished, UploadId,
 };
 use cluster_state::ids::{ComponentId, SupervisorId, TopologyId, TopologyName};
 use serde::Serialize;
@@ -283,4 +283,39 @@ fn bad_requests_name_the_field_at_fault() {
 fn responses_ignore_fields_they_do_not_know() {
     let newer = r#"{"id":"wc-1-1700000000","name":"wc","status":"active","workers":2,"spouts":[]}"#;
     assert_eq!(api::decode_response::<Submitted>(newer.as_bytes()).unwrap().workers, 2);
+}
+
+const HEARTBEAT: &str = r#"{"supervisorId":"sup-1","timeSecs":1700000070,"uptimeSecs":60,"workers":[{"topologyId":"wc-1-1700000000","port":6700,"executors":[[1,2]],"timeSecs":1700000069,"startTimeSecs":1700000010,"uptimeSecs":59,"executorStats":[{"executor":[1,2],"emitted":10,"transferred":10,"acked":8,"failed":1,"executeLatencyMs":0.5,"processLatencyMs":0.25,"completeLatencyMs":12.0}],"metricsEndpoint":"host1:38211"}]}"#;
+
+#[test]
+fn supervisor_heartbeat_keeps_its_keys_and_refuses_garbage_naming_the_field() {
+    let beat: SupervisorHeartbeat = api::decode_request(HEARTBEAT.as_bytes()).unwrap();
+    assert_eq!(serde_json::to_string(&beat).unwrap(), HEARTBEAT);
+    assert_eq!(beat.workers[0].executor_stats[0].acked, 8);
+    assert!(beat.validate().is_ok());
+    // What an older supervisor's worker without stats sends: the optional fields may be absent.
+    let minimal = r#"{"supervisorId":"s","timeSecs":1,"uptimeSecs":1,"workers":[{"topologyId":"wc-1-1700000000","port":1,"executors":[],"timeSecs":1}]}"#;
+    assert!(api::decode_request::<SupervisorHeartbeat>(minimal.as_bytes()).is_ok());
+    for (body, says) in [
+        (
+            HEARTBEAT.replace("\"port\":6700", "\"port\":0"),
+            "field \"workers[0].port\": a worker port is 1 to 65535",
+        ),
+        (HEARTBEAT.replace("\"port\":6700", "\"port\":70000"), "field \"workers[0].port\""),
+        (HEARTBEAT.replace("[[1,2]]", "[[2,1]]"), "field \"workers[0].executors[0]\""),
+        (HEARTBEAT.replace("\"acked\":8", "\"acked\":-8"), "field \"workers[0].executorStats[0].acked\""),
+        (HEARTBEAT.replace("\"sup-1\"", "\"a/b\""), "field \"supervisorId\""),
+        (HEARTBEAT.replace("\"timeSecs\":1700000070", "\"timeSecs\":\"now\""), "field \"timeSecs\""),
+        (HEARTBEAT.replace("\"wc-1-1700000000\"", "\"../x\""), "field \"workers[0].topologyId\""),
+        (HEARTBEAT.replace("\"uptimeSecs\":60,", "\"uptimeSecs\":60,\"extra\":1,"), "unknown field `extra`"),
+    ] {
+        match api::decode_request::<SupervisorHeartbeat>(body.as_bytes()) {
+            Ok(v) => panic!("{body} decoded to {v:?}"),
+            Err(e) => assert!(e.to_string().contains(says), "{body}: {e}"),
+        }
+    }
+    let mut twice = beat.clone();
+    twice.workers.push(beat.workers[0].clone());
+    let e = twice.validate().unwrap_err().to_string();
+    assert!(e.contains("field \"workers[1].port\": port 6700 is reported twice"), "{e}");
 }

@@ -336,6 +336,37 @@ fn worker_heartbeat_golden() {
 }
 
 #[test]
+fn workerbeat_content_is_everything_but_the_clock_with_stats_at_two_digits() {
+    use cluster_state::znode::two_digits;
+    let base = heartbeat();
+    let later = WorkerHeartbeat { time_secs: base.time_secs + 60, uptime_secs: 120, ..heartbeat() };
+    assert!(!later.content_differs(&base), "time and uptime alone are no change");
+    let changed = |f: &dyn Fn(&mut WorkerHeartbeat)| {
+        let mut b = heartbeat();
+        f(&mut b);
+        b.content_differs(&base)
+    };
+    assert!(changed(&|b| b.executor_stats[0].emitted = 11), "small counters are exact");
+    assert!(changed(&|b| b.executor_stats[0].complete_latency_ms = 13.0));
+    assert!(!changed(&|b| b.executor_stats[0].complete_latency_ms = 12.04));
+    assert!(changed(&|b| b.executor_stats[0].executor = exec(1, 1)));
+    assert!(changed(&|b| b.metrics_endpoint = Some("h:1".into())));
+    assert!(changed(&|b| b.start_time_secs += 1));
+    assert!(changed(&|b| b.executor_stats.clear()));
+    let big = |n| {
+        let mut b = heartbeat();
+        b.executor_stats[0].acked = n;
+        b
+    };
+    assert!(!big(123_456).content_differs(&big(129_999)), "same two leading digits");
+    assert!(big(130_000).content_differs(&big(129_999)));
+    for (n, rounded) in [(0, 0), (99, 99), (100, 100), (1_299, 1_200), (u64::MAX, 18_000_000_000_000_000_000)]
+    {
+        assert_eq!(two_digits(n), rounded, "{n}");
+    }
+}
+
+#[test]
 fn worker_heartbeat_garbage() {
     assert_rejects_json_garbage::<WorkerHeartbeat>(HEARTBEAT, 2);
     let bad = |from: &str, to: &str| HEARTBEAT.replacen(from, to, 1);
@@ -377,8 +408,31 @@ fn local_worker_heartbeat_golden() {
             ExecutorId::new(TaskId(3), TaskId(3)).unwrap(),
         ],
         port: 6700,
+        start_time_secs: None,
+        executor_stats: vec![],
+        metrics_endpoint: None,
     };
     assert_golden(&beat, LOCAL_BEAT);
+    // What the worker writes since the supervisor forwards stats to nimbus.
+    let full = LocalWorkerHeartbeat {
+        start_time_secs: Some(1_700_000_010),
+        executor_stats: vec![ExecutorStats {
+            executor: ExecutorId::new(TaskId(1), TaskId(2)).unwrap(),
+            emitted: 10,
+            transferred: 10,
+            acked: 8,
+            failed: 1,
+            execute_latency_ms: 0.5,
+            process_latency_ms: 0.25,
+            complete_latency_ms: 12.0,
+        }],
+        metrics_endpoint: Some("host1:38211".into()),
+        ..beat
+    };
+    assert_golden(
+        &full,
+        r#"{"version":1,"time_secs":1700000070,"topology_id":"wc-1-1700000000","executors":[[1,2],[3,3]],"port":6700,"start_time_secs":1700000010,"executor_stats":[{"executor":[1,2],"emitted":10,"transferred":10,"acked":8,"failed":1,"execute_latency_ms":0.5,"process_latency_ms":0.25,"complete_latency_ms":12.0}],"metrics_endpoint":"host1:38211"}"#,
+    );
     assert_ignores_unknown_fields::<LocalWorkerHeartbeat>(LOCAL_BEAT);
     assert_eq!(
         LocalWorkerHeartbeat::path(std::path::Path::new("/var/squall"), "w-1"),

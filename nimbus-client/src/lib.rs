@@ -20,10 +20,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cluster_state::api::{
-    self, BeginUpload, BodyError, ChunkReceived, ClusterSummary, ErrorBody, FinishUpload, NimbusSummaries,
-    RebalanceOptions, RebalanceRequest, Route, SubmitTopology, Submitted, SupervisorSummaries, TargetGroup,
-    TopologyDetail, TopologyErrors, TopologyOperation, TopologySummaries, UploadBegun, UploadFinished,
-    UploadId,
+    self, BeginUpload, BodyError, ChunkReceived, ClusterSummary, ErrorBody, FinishUpload, HeartbeatAccepted,
+    NimbusSummaries, RebalanceOptions, RebalanceRequest, Route, SubmitTopology, Submitted,
+    SupervisorHeartbeat, SupervisorSummaries, TargetGroup, TopologyDetail, TopologyErrors, TopologyOperation,
+    TopologySummaries, UploadBegun, UploadFinished, UploadId,
 };
 use cluster_state::code::CodeFile;
 use cluster_state::ids::TopologyId;
@@ -248,6 +248,14 @@ impl NimbusClient {
 
     pub async fn prometheus_targets(&self) -> Result<Vec<TargetGroup>, ClientError> {
         self.get(Route::PrometheusTargets).await
+    }
+
+    /// Sends a supervisor's aggregated heartbeat of its workers to the leader.
+    pub async fn supervisor_heartbeat(
+        &self,
+        beat: &SupervisorHeartbeat,
+    ) -> Result<HeartbeatAccepted, ClientError> {
+        self.post_json(Route::SupervisorHeartbeat, beat).await
     }
 
     /// Submits finished uploads as a topology.

@@ -1,10 +1,11 @@
 //! Submit and assignments: Storm's `submitTopology` and `mk-assignments`.
 //!
 //! [`Assigner`] is the one writer of `/assignments/<id>`. Every `nimbus.monitor.freq.secs` its
-//! monitor pass reads the cluster (bases, assignments, supervisors, worker heartbeats), judges
-//! which executors are alive on nimbus's own clock ([`HeartbeatCache`]) and which supervisors
-//! are alive (present in `/supervisors` with a heartbeat that changed within
-//! `nimbus.supervisor.timeout.secs`), and re-runs the even scheduler for every topology: alive
+//! monitor pass reads the cluster (bases, assignments, supervisors) from ZooKeeper and the
+//! worker heartbeats from the supervisors' aggregated reports in memory ([`HeartbeatStore`]),
+//! judges which executors are alive on nimbus's own clock ([`HeartbeatCache`]) and which
+//! supervisors are alive (present in `/supervisors`, and reporting: their last report or node
+//! time changed within `nimbus.supervisor.timeout.secs`), and re-runs the even scheduler for every topology: alive
 //! executors keep their slot, dead ones (no heartbeat for `nimbus.task.timeout.secs`, or on a
 //! supervisor gone) move. An assignment is written only when it changes, with compare-and-set.
 //!
@@ -25,12 +26,13 @@ use cluster_state::ids::{ComponentId, ExecutorId, SupervisorId, TopologyId, Topo
 use cluster_state::paths::StormPaths;
 use cluster_state::structure::{StructureError, TopologyStructure};
 use cluster_state::znode::{
-    Assignment, ExecutorAssignment, StormBase, SupervisorInfo, TopologyStatus, WorkerHeartbeat, ZnodeData,
+    Assignment, ExecutorAssignment, StormBase, SupervisorInfo, TopologyStatus, ZnodeData,
 };
 use tokio::sync::Mutex;
 
 use crate::assignments::{AssignmentWriteError, write_assignment};
 use crate::code_store::{CodeFile, CodeStore, CodeStoreError, UploadId};
+use crate::heartbeats::{self, HeartbeatStore};
 use crate::leader::{self, Leadership};
 use crate::limits::{LimitError, TopologyLimits};
 use crate::liveness::{HeartbeatCache, Timeouts};
@@ -131,6 +133,8 @@ pub struct Assigner {
     metrics: NimbusMetrics,
     leadership: Leadership,
     memory: Mutex<Memory>,
+    /// The supervisors' aggregated heartbeats (the API records them).
+    heartbeats: Arc<HeartbeatStore>,
 }
 
 impl Assigner {
@@ -150,6 +154,7 @@ impl Assigner {
             metrics,
             leadership: Leadership::standalone(),
             memory: Mutex::new(Memory::default()),
+            heartbeats: Arc::new(HeartbeatStore::default()),
         }
     }
 
@@ -163,6 +168,11 @@ impl Assigner {
         &self.leadership
     }
 
+    /// The supervisors' aggregated heartbeats, which the API records and the monitor reads.
+    pub fn heartbeats(&self) -> &Arc<HeartbeatStore> {
+        &self.heartbeats
+    }
+
     /// Called when this nimbus takes the leadership at `now_secs`: executors get
     /// `nimbus.task.launch.secs` from now before they can be declared dead, and what the
     /// assigner remembered from an earlier term is forgotten (ZooKeeper is re-read).
@@ -171,6 +181,9 @@ impl Assigner {
         memory.executors.clear();
         memory.supervisors = HeartbeatCache::default();
         memory.leader_since_secs = now_secs;
+        // Reports of an earlier term are stale; followers refuse reports, so this is empty
+        // unless this nimbus led before.
+        self.heartbeats.clear();
     }
 
     /// The same assigner with `limits` instead of the defaults.
@@ -300,7 +313,11 @@ impl Assigner {
     /// One monitor pass over every topology (Storm's `mk-assignments`).
     pub async fn monitor_pass(&self) -> Result<PassReport, RescheduleError> {
         let mut memory = self.memory.lock().await;
-        self.pass(&mut memory, None).await
+        let timer = self.metrics.monitor_pass_seconds.start_timer();
+        let report = self.pass(&mut memory, None).await;
+        timer.observe_duration();
+        self.metrics.workers_reported.set(self.heartbeats.workers_reported() as i64);
+        report
     }
 
     /// Storm's `cleanup-storm-ids`, under the submit lock (see
@@ -357,18 +374,31 @@ impl Assigner {
         let mut report = PassReport { skipped: read.skipped, ..Default::default() };
         let state::VersionedSnapshot { cluster: snapshot, storm_versions, assignment_versions } = read.value;
 
-        // Supervisors: present, and heartbeating on nimbus's clock.
-        let beats: BTreeMap<SupervisorId, u64> =
-            snapshot.supervisors.iter().map(|(id, info)| (id.clone(), info.time_secs)).collect();
+        // Supervisors: present in ZooKeeper (their ephemeral node), and heartbeating on nimbus's
+        // clock: the later of their node's time (written at registration and on a change) and
+        // their last aggregated report's time. After taking the leadership every supervisor
+        // gets `nimbus.task.launch.secs` (at least its own timeout) of fresh reports.
+        self.heartbeats.retain(|id| snapshot.supervisors.contains_key(id));
+        let reported = self.heartbeats.supervisor_times();
+        let beats: BTreeMap<SupervisorId, u64> = snapshot
+            .supervisors
+            .iter()
+            .map(|(id, info)| (id.clone(), info.time_secs.max(reported.get(id).copied().unwrap_or(0))))
+            .collect();
         memory.supervisors.retain(|id| beats.contains_key(id));
         memory.supervisors.observe(&beats, now);
-        let supervisor_timeouts =
-            Timeouts { task_timeout_secs: self.timeouts.supervisor_timeout_secs, task_launch_secs: 0 };
+        let supervisor_timeouts = Timeouts {
+            task_timeout_secs: self.timeouts.supervisor_timeout_secs,
+            task_launch_secs: self.timeouts.tasks.task_launch_secs,
+        };
         let live: BTreeMap<&SupervisorId, &SupervisorInfo> = snapshot
             .supervisors
             .iter()
-            .filter(|(id, _)| memory.supervisors.is_alive(id, 0, now, supervisor_timeouts))
+            .filter(|(id, _)| {
+                memory.supervisors.is_alive(id, memory.leader_since_secs, now, supervisor_timeouts)
+            })
             .collect();
+        let slot_beats = self.heartbeats.slot_beats();
         let supervisor_ports: BTreeMap<SupervisorId, BTreeSet<u16>> =
             live.iter().map(|(id, info)| ((*id).clone(), info.all_ports.iter().copied().collect())).collect();
 
@@ -415,7 +445,9 @@ impl Assigner {
                 *cache = HeartbeatCache::default();
                 BTreeMap::new()
             } else {
-                let reported = self.executor_beats(id, &mut report.skipped).await?;
+                let assigned =
+                    existing.iter().flat_map(|a| a.executors.iter().map(|e| (e.executor, e.slot())));
+                let reported = heartbeats::executor_beats(assigned, slot_beats.get(id));
                 cache.observe(&reported, now);
                 existing
                     .map(|a| {
@@ -548,27 +580,6 @@ impl Assigner {
             Ok(_) | Err(coord::Error::NoNode { .. }) => Ok(None),
             Err(e) => Err(e),
         }
-    }
-
-    /// The latest heartbeat time of each executor of topology `id`.
-    async fn executor_beats(
-        &self,
-        id: &TopologyId,
-        skipped: &mut Vec<Skipped>,
-    ) -> Result<BTreeMap<ExecutorId, u64>, coord::Error> {
-        let dir = self.paths.workerbeats_topology(id);
-        let mut reported = BTreeMap::new();
-        for name in self.session.children_or_empty(&dir).await? {
-            let path = coord::join(&dir, &name);
-            if let Some((beat, _)) =
-                state::read_optional::<WorkerHeartbeat>(&self.session, &path, skipped).await?
-            {
-                for stats in &beat.executor_stats {
-                    reported.insert(stats.executor, beat.time_secs);
-                }
-            }
-        }
-        Ok(reported)
     }
 }
 

@@ -23,10 +23,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cluster_state::api::{
-    self, BeginUpload, BodyError, ChunkReceived, ClusterSummary, ErrorBody, FinishUpload, NimbusSummaries,
-    NimbusSummaryView, Operation, RebalanceRequest, Route, RouteError, SubmitTopology, Submitted,
-    SupervisorSummaries, TargetGroup, TopologyDetail, TopologyError, TopologyErrors, TopologyOperation,
-    TopologySummaries, UploadBegun, UploadFinished, UploadId,
+    self, BeginUpload, BodyError, ChunkReceived, ClusterSummary, ErrorBody, FinishUpload, HeartbeatAccepted,
+    NimbusSummaries, NimbusSummaryView, Operation, RebalanceRequest, Route, RouteError, SubmitTopology,
+    Submitted, SupervisorHeartbeat, SupervisorSummaries, TargetGroup, TopologyDetail, TopologyError,
+    TopologyErrors, TopologyOperation, TopologySummaries, UploadBegun, UploadFinished, UploadId,
 };
 use cluster_state::code::CodeFile;
 use cluster_state::coord;
@@ -69,6 +69,8 @@ pub struct ApiConfig {
     pub max_json_body_bytes: usize,
     /// Largest upload chunk.
     pub max_chunk_bytes: usize,
+    /// Largest supervisor heartbeat (every worker of one supervisor, with executor stats).
+    pub max_heartbeat_body_bytes: usize,
     /// Reported as `stormVersion`.
     pub version: String,
     /// A client has this long to send its request headers (slow clients hold a connection).
@@ -91,6 +93,9 @@ impl Default for ApiConfig {
             // Storm's jar upload sends small chunks; 8 MiB keeps a chunk's memory bounded while
             // a 100 MiB binary still goes in a dozen requests.
             max_chunk_bytes: 8 * 1024 * 1024,
+            // A supervisor's workers with their executors' stats: ~200 bytes per executor, so
+            // 4 MiB holds some 20,000 executors on one machine.
+            max_heartbeat_body_bytes: 4 * 1024 * 1024,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             header_read_timeout: Duration::from_secs(30),
             // Storm's defaults.yaml.
@@ -374,6 +379,13 @@ async fn dispatch(state: &ApiState, request: Request<Incoming>) -> Result<Respon
             let submitted = submit(state, json_body(request, json_limit).await?).await?;
             Ok(json_response(StatusCode::CREATED, &submitted))
         }
+        Route::SupervisorHeartbeat => {
+            let beat: SupervisorHeartbeat = json_body(request, state.config.max_heartbeat_body_bytes).await?;
+            beat.validate()?;
+            let workers = state.assigner.heartbeats().record(beat);
+            state.transitions.metrics().supervisor_heartbeats.inc();
+            ok(&HeartbeatAccepted { workers })
+        }
         Route::Activate(id) => ok(&operate(state, &id, Operation::Activate, Event::Activate).await?),
         Route::Deactivate(id) => ok(&operate(state, &id, Operation::Deactivate, Event::Deactivate).await?),
         Route::Kill { id, wait_secs } => {
@@ -420,8 +432,11 @@ fn unknown_topology(id: &TopologyId) -> ApiError {
 
 async fn snapshot(state: &ApiState) -> Result<crate::views::ClusterSnapshot, ApiError> {
     let t = &state.transitions;
-    let read = state::read_snapshot(t.session(), t.paths(), state.nimbus_start_secs, now_secs()).await?;
+    let mut read = state::read_snapshot(t.session(), t.paths(), state.nimbus_start_secs, now_secs()).await?;
     t.metrics().garbage_znodes.inc_by(read.skipped.len() as u64);
+    // Supervisors' nodes are rewritten only when their content changes: their time and uptime
+    // come from their latest heartbeat (on the leader; a follower shows the node's).
+    state.assigner.heartbeats().refresh_infos(&mut read.value.supervisors);
     Ok(read.value)
 }
 
@@ -461,9 +476,18 @@ async fn topology_summary(state: &ApiState) -> Result<TopologySummaries, ApiErro
 async fn prometheus_targets(state: &ApiState, own: &str) -> Result<Vec<TargetGroup>, ApiError> {
     let t = &state.transitions;
     let snapshot = snapshot(state).await?;
-    let workers = state::read_worker_endpoints(t.session(), t.paths(), snapshot.storms.keys()).await?;
+    // The workers' endpoints from the supervisors' reports (the leader has them); topologies
+    // none reported (on a follower, or just after a failover) from their throttled workerbeats.
+    let mut endpoints = state.assigner.heartbeats().worker_endpoints();
+    let reported: std::collections::BTreeSet<TopologyId> =
+        endpoints.iter().map(|w| w.topology.clone()).collect();
+    let unreported: Vec<TopologyId> =
+        snapshot.storms.keys().filter(|id| !reported.contains(*id)).cloned().collect();
+    let workers = state::read_worker_endpoints(t.session(), t.paths(), &unreported).await?;
     t.metrics().garbage_znodes.inc_by(workers.skipped.len() as u64);
-    Ok(crate::views::discovery_targets(own, state.config.https, &snapshot, &workers.value))
+    endpoints.extend(workers.value);
+    endpoints.retain(|w| snapshot.storms.contains_key(&w.topology));
+    Ok(crate::views::discovery_targets(own, state.config.https, &snapshot, &endpoints))
 }
 
 async fn topology(state: &ApiState, id: &TopologyId) -> Result<TopologyDetail, ApiError> {

@@ -25,6 +25,8 @@
 //!   function over the stored base record, delayed transitions included.
 //! - [`limits`]: how large a topology may be (tasks, executors, assignment bytes), checked at
 //!   submit and rebalance.
+//! - [`heartbeats`]: the supervisors' aggregated heartbeats (`POST /api/v1/supervisor/heartbeat`),
+//!   kept in memory for the monitor, the API and discovery: no ZooKeeper write per worker.
 //! - [`liveness`]: which executors are alive, from heartbeats measured on nimbus's own clock.
 //! - [`metrics`]: `squall_nimbus_*` counters on the caller's registry.
 //! - [`scheduler`]: Storm's even scheduler as a pure function (`schedule(input) -> Schedule`).
@@ -41,6 +43,7 @@ pub mod assigner;
 pub mod assignments;
 pub mod code_store;
 pub mod daemon;
+pub mod heartbeats;
 pub mod http;
 pub mod lag;
 pub mod leader;

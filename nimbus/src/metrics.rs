@@ -1,6 +1,8 @@
 //! Nimbus's Prometheus metrics, registered on the registry the caller passes down.
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 /// Counters nimbus keeps. Labels are bounded: a status class, an operation name.
 #[derive(Debug, Clone)]
@@ -26,6 +28,12 @@ pub struct NimbusMetrics {
     /// `squall_nimbus_assignment_failures_total{reason}`: assignments a monitor pass did not
     /// write (`too_large`, `conflict`: changed since read, `error`, `over_limit`); the pass went on.
     pub assignment_failures: IntCounterVec,
+    /// `squall_nimbus_monitor_pass_duration_seconds`: how long each monitor pass took.
+    pub monitor_pass_seconds: Histogram,
+    /// `squall_nimbus_supervisor_heartbeats_total`: aggregated supervisor heartbeats recorded.
+    pub supervisor_heartbeats: IntCounter,
+    /// `squall_nimbus_workers_reported`: workers in the supervisors' latest reports, at the last pass.
+    pub workers_reported: IntGauge,
 }
 
 impl NimbusMetrics {
@@ -41,6 +49,9 @@ impl NimbusMetrics {
         registry.register(Box::new(metrics.slots.clone()))?;
         registry.register(Box::new(metrics.executors_unassigned.clone()))?;
         registry.register(Box::new(metrics.assignment_failures.clone()))?;
+        registry.register(Box::new(metrics.monitor_pass_seconds.clone()))?;
+        registry.register(Box::new(metrics.supervisor_heartbeats.clone()))?;
+        registry.register(Box::new(metrics.workers_reported.clone()))?;
         Ok(metrics)
     }
 
@@ -90,6 +101,21 @@ impl NimbusMetrics {
                 ),
                 &["reason"],
             )?,
+            monitor_pass_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "squall_nimbus_monitor_pass_duration_seconds",
+                    "Duration of nimbus's monitor passes (read, schedule, write what changed)",
+                )
+                .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
+            )?,
+            supervisor_heartbeats: IntCounter::with_opts(Opts::new(
+                "squall_nimbus_supervisor_heartbeats_total",
+                "Aggregated supervisor heartbeats nimbus recorded",
+            ))?,
+            workers_reported: IntGauge::with_opts(Opts::new(
+                "squall_nimbus_workers_reported",
+                "Workers in the supervisors' latest heartbeats at nimbus's last monitor pass",
+            ))?,
         })
     }
 

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::{Backoff, BackoffPolicy};
 use crate::code_sync::CodeSync;
+use crate::heartbeat::{LocalFiles, Reporter, RunningWorker};
 use crate::launch::{Launcher, WorkerSpec};
 use crate::metrics::SupervisorMetrics;
 use crate::plan::{LocalAssignment, WorkerTimeouts, local_assignment};
@@ -358,6 +359,16 @@ pub async fn run(
         heartbeat_interval: Duration::from_secs(config.heartbeat_frequency_secs),
     };
     tasks.spawn(registration.run(shutdown.child_token()));
+    // The aggregated heartbeat of this supervisor's workers, to the leader nimbus.
+    let (workers_tx, workers_rx) = watch::channel(running_workers(&process));
+    let heartbeat_interval = Duration::from_secs(config.heartbeat_frequency_secs);
+    let reporter = Reporter {
+        supervisor_id: supervisor_id.clone(),
+        client: Reporter::<LocalFiles>::client_for(code.nimbus.clone(), heartbeat_interval),
+        interval: heartbeat_interval,
+        source: LocalFiles { local_dir: config.local_dir.clone(), workers: workers_rx },
+    };
+    tasks.spawn(reporter.run(shutdown.child_token()));
 
     let slots: BTreeSet<u16> = config.slots_ports.iter().copied().collect();
     let tick = Duration::from_secs(config.monitor_frequency_secs);
@@ -400,6 +411,12 @@ pub async fn run(
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot read assignments; retrying"),
             }
+            workers_tx.send_if_modified(|current| {
+                let now = running_workers(&process);
+                let changed = *current != now;
+                *current = now;
+                changed
+            });
             // Only a real change wakes the registration (which then rewrites its znode).
             let ports = process.used_ports();
             metrics.set_slots(ports.len(), slots.len());
@@ -431,6 +448,19 @@ pub async fn run(
     }
     tracing::info!(%supervisor_id, "supervisor stopped; its workers keep running");
     Ok(())
+}
+
+/// The workers the process task runs, for the heartbeat reporter.
+fn running_workers(process: &ProcessTask) -> Vec<RunningWorker> {
+    process
+        .workers()
+        .iter()
+        .map(|(id, w)| RunningWorker {
+            worker_id: id.clone(),
+            port: w.port,
+            topology_id: w.topology_id.clone(),
+        })
+        .collect()
 }
 
 /// Per topology: downloads of its code that keep failing wait ([`BackoffPolicy`]).

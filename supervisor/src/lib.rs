@@ -31,6 +31,7 @@
 pub mod backoff;
 pub mod code_sync;
 pub mod daemon;
+pub mod heartbeat;
 pub mod launch;
 pub mod local_state;
 pub mod metrics;

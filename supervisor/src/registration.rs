@@ -1,5 +1,11 @@
 //! The supervisor's presence in ZooKeeper: `/storm/supervisors/<id>` (ephemeral), holding a
-//! [`SupervisorInfo`] refreshed every `supervisor.heartbeat.frequency.secs`.
+//! [`SupervisorInfo`].
+//!
+//! The node is written when it is created and again only when its content changes (the ports
+//! in use; `time_secs` and `uptime_secs` are as of that write): its existence says the
+//! supervisor lives, and its liveness beyond that travels in the aggregated heartbeat to nimbus
+//! ([`crate::heartbeat`]), so an idle cluster writes nothing here. Every
+//! `supervisor.heartbeat.frequency.secs` the actor checks (a read) that the node is still ours.
 //!
 //! Nimbus treats a supervisor whose node is gone as dead and moves its executors, so the node
 //! must come back whenever this process lives: after a session expiry the actor opens a new
@@ -30,6 +36,11 @@ pub struct Registration {
     /// Ports in use, as the process task reports them.
     pub used_ports: watch::Receiver<Vec<u16>>,
     pub heartbeat_interval: Duration,
+}
+
+/// The node's content for "did it change": everything but the times.
+fn content(info: &SupervisorInfo) -> SupervisorInfo {
+    SupervisorInfo { time_secs: 0, uptime_secs: 0, ..info.clone() }
 }
 
 impl Registration {
@@ -74,11 +85,13 @@ impl Registration {
         // The first beat happens below at once; the next one a full interval later.
         tick.reset();
         let mut ports_open = true;
+        // What this session last wrote (content only): equal content is not written again.
+        let mut written: Option<SupervisorInfo> = None;
         loop {
             if session.state().is_terminal() {
                 return;
             }
-            if let Err(e) = self.beat(session, started).await {
+            if let Err(e) = self.beat(session, started, &mut written).await {
                 if e.is_session_lost() {
                     return;
                 }
@@ -98,8 +111,14 @@ impl Registration {
         }
     }
 
-    /// Writes the current info: updates our node, or (re)creates it.
-    async fn beat(&self, session: &Session, started: Instant) -> coord::Result<()> {
+    /// Makes sure our node exists with the current content: (re)creates it, or updates it when
+    /// its content changed since this session wrote it; otherwise writes nothing.
+    async fn beat(
+        &self,
+        session: &Session,
+        started: Instant,
+        written: &mut Option<SupervisorInfo>,
+    ) -> coord::Result<()> {
         let path = self.paths.supervisor(&self.info.supervisor_id);
         let info = SupervisorInfo {
             time_secs: cluster_state::clock::now_secs(),
@@ -110,7 +129,10 @@ impl Registration {
         let data = info.encode();
         match session.exists(&path).await? {
             Some(stat) if stat.ephemeral_owner == Some(session.id()) => {
-                session.set(&path, &data, None).await?;
+                if written.as_ref() != Some(&content(&info)) {
+                    session.set(&path, &data, None).await?;
+                    *written = Some(content(&info));
+                }
                 return Ok(());
             }
             Some(stat) => {
@@ -123,7 +145,10 @@ impl Registration {
             None => {}
         }
         match session.create(&path, &data, CreateMode::Ephemeral.with_parents()).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                *written = Some(content(&info));
+                Ok(())
+            }
             // Someone raced us; the next beat sorts it out.
             Err(coord::Error::NodeExists { .. }) => Ok(()),
             Err(e) => Err(e),

@@ -53,6 +53,11 @@ pub struct TopologyConfig {
     /// Storm: 5.
     #[serde(rename = "topology.max.error.report.per.interval")]
     pub max_error_report_per_interval: u32,
+    /// `squall.workerbeats.zk.secs`: the shortest time between two writes of a worker's
+    /// `/storm/workerbeats` node, which is also written only when its content changed (liveness
+    /// goes through the supervisor's heartbeat to nimbus; the node is for tools). Squall: 60.
+    #[serde(rename = "squall.workerbeats.zk.secs")]
+    pub workerbeats_zk_secs: u64,
 }
 
 impl Default for TopologyConfig {
@@ -70,6 +75,7 @@ impl Default for TopologyConfig {
             enable_message_timeouts: true,
             error_throttle_interval_secs: 10,
             max_error_report_per_interval: 5,
+            workerbeats_zk_secs: 60,
         }
     }
 }
@@ -85,6 +91,7 @@ impl TopologyConfig {
         positive("topology.executor.receive.buffer.size", u64::from(self.executor_receive_buffer_size))?;
         positive("topology.producer.batch.size", u64::from(self.producer_batch_size))?;
         positive("topology.error.throttle.interval.secs", self.error_throttle_interval_secs)?;
+        positive("squall.workerbeats.zk.secs", self.workerbeats_zk_secs)?;
         if let Some(p) = self.max_spout_pending {
             positive("topology.max.spout.pending", u64::from(p))?;
         }

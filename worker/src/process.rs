@@ -44,8 +44,13 @@ use crate::transport::{DEFAULT_MAX_CONNECTIONS, TopologySecret, TransportStats};
 pub struct WorkerConfig {
     /// Local heartbeat file period, in seconds. Storm: 1.
     pub heartbeat_frequency_secs: u64,
-    /// ZooKeeper heartbeat period, in seconds. Storm: 3.
+    /// How often the worker considers writing its `/storm/workerbeats` node, in seconds
+    /// (Storm writes it every 3). It writes only when the content changed and at least the
+    /// topology's `squall.workerbeats.zk.secs` (60) after the last write.
     pub zk_heartbeat_frequency_secs: u64,
+    /// Overrides the topology's `squall.workerbeats.zk.secs` (`squall local`, whose progress
+    /// lines read the workerbeats over in-memory coordination, sets 1).
+    pub workerbeats_zk_secs: Option<u64>,
     /// Re-read assignment and status even without a watch, in seconds. Storm: 10.
     pub refresh_poll_secs: u64,
     /// Bound on draining pending tuples at shutdown, in milliseconds. Clearly below the
@@ -70,6 +75,7 @@ impl Default for WorkerConfig {
         WorkerConfig {
             heartbeat_frequency_secs: 1,
             zk_heartbeat_frequency_secs: 3,
+            workerbeats_zk_secs: None,
             refresh_poll_secs: 10,
             shutdown_drain_ms: 1500,
             bind_host: "0.0.0.0".into(),
@@ -461,13 +467,28 @@ async fn run_session(
     let beat_znode = paths.workerbeat(id, &slot);
     let mut fatal: Option<Error> = None;
     let mut assignment_gone = false;
+    // The workerbeat node: written at once, then only when its content changed and at least
+    // `squall.workerbeats.zk.secs` after the previous write (liveness goes to nimbus through
+    // the supervisor's aggregated heartbeat; the node is for tools reading Storm's layout).
+    let zk_beat_every = Duration::from_secs(
+        config.workerbeats_zk_secs.unwrap_or(topology.config().workerbeats_zk_secs).max(1),
+    );
+    let mut zk_written: Option<(WorkerHeartbeat, Instant)> = None;
 
     loop {
         let mut reconcile = false;
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = local_beat.tick() => {
-                let beat = LocalWorkerHeartbeat { time_secs: now_secs(), topology_id: id.clone(), executors: executors.clone(), port: args.port };
+                let beat = LocalWorkerHeartbeat {
+                    time_secs: now_secs(),
+                    topology_id: id.clone(),
+                    executors: executors.clone(),
+                    port: args.port,
+                    start_time_secs: Some(start_secs),
+                    executor_stats: worker.runtime.stats().iter().map(|s| s.snapshot()).collect(),
+                    metrics_endpoint: metrics_endpoint.clone(),
+                };
                 if let Err(e) = write_local_heartbeat(&beat_path, &beat) {
                     tracing::warn!(error = %e, "cannot write the local heartbeat");
                 }
@@ -483,16 +504,29 @@ async fn run_session(
                     uptime_secs: now.saturating_sub(start_secs),
                     metrics_endpoint: metrics_endpoint.clone(),
                 };
-                match session.set_or_create(&beat_znode, &beat.encode()).await.map_err(Error::from) {
-                    Ok(()) => {}
-                    // Without a session the worker cannot heartbeat or see assignments: stop
-                    // (gracefully) and let the supervisor start a fresh one.
-                    Err(Error::Coord(e)) if e.is_session_lost() => {
-                        tracing::error!(error = %e, "ZooKeeper session lost; stopping the worker");
-                        fatal = Some(Error::Coord(e));
-                        break;
+                // Without a session the worker cannot see assignments: stop (gracefully) and let the
+                // supervisor start a fresh one. Checked every tick, written or not.
+                let lost = if session.state().is_terminal() {
+                    Some(Error::Coord(CoordError::SessionExpired { path: Some(beat_znode.clone()) }))
+                } else if zk_written.as_ref().is_none_or(|(last, at)| at.elapsed() >= zk_beat_every && beat.content_differs(last)) {
+                    match session.set_or_create(&beat_znode, &beat.encode()).await.map_err(Error::from) {
+                        Ok(()) => {
+                            zk_written = Some((beat, Instant::now()));
+                            None
+                        }
+                        Err(Error::Coord(e)) if e.is_session_lost() => Some(Error::Coord(e)),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot write the ZooKeeper heartbeat");
+                            None
+                        }
                     }
-                    Err(e) => tracing::warn!(error = %e, "cannot write the ZooKeeper heartbeat"),
+                } else {
+                    None
+                };
+                if let Some(e) = lost {
+                    tracing::error!(error = %e, "ZooKeeper session lost; stopping the worker");
+                    fatal = Some(e);
+                    break;
                 }
             }
             _ = refresh.tick() => { worker.reap_peers(); reconcile = true; }

@@ -142,6 +142,8 @@ impl Cluster {
         };
         let config = WorkerConfig {
             zk_heartbeat_frequency_secs: 1,
+            // These tests read executor stats from the workerbeat node: every second, as before.
+            workerbeats_zk_secs: Some(1),
             refresh_poll_secs: 1,
             bind_host: "127.0.0.1".into(),
             ..WorkerConfig::default()

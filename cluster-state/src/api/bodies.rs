@@ -379,3 +379,125 @@ where
 {
     Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }
+
+/// `POST /api/v1/supervisor/heartbeat`: one supervisor's aggregated heartbeat, every
+/// `supervisor.heartbeat.frequency.secs`, to the leader nimbus (Storm 2's
+/// `sendSupervisorWorkerHeartbeats`): every worker it runs, as read from the workers' local
+/// heartbeat files. Nimbus keeps these in memory for liveness, the API and discovery; this is
+/// what keeps worker liveness out of ZooKeeper. Unknown fields are refused.
+///
+/// ```json
+/// {"supervisorId":"sup-1","timeSecs":1700000070,"uptimeSecs":60,"workers":[{"topologyId":"wc-1-1700000000",
+///  "port":6700,"executors":[[1,2]],"timeSecs":1700000069,"startTimeSecs":1700000010,"uptimeSecs":59,
+///  "executorStats":[...],"metricsEndpoint":"host1:38211"}]}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SupervisorHeartbeat {
+    pub supervisor_id: SupervisorId,
+    /// The supervisor's clock when it sent this (nimbus never compares it with its own).
+    pub time_secs: u64,
+    pub uptime_secs: u64,
+    pub workers: Vec<WorkerReport>,
+}
+
+/// One worker of a [`SupervisorHeartbeat`]: its local heartbeat, forwarded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkerReport {
+    pub topology_id: TopologyId,
+    /// The slot's port on the sending supervisor (1 to 65535).
+    #[serde(deserialize_with = "worker_port")]
+    pub port: u16,
+    pub executors: Vec<crate::ids::ExecutorId>,
+    /// The worker's last local heartbeat time (its machine's clock): nimbus watches it change.
+    pub time_secs: u64,
+    #[serde(default)]
+    pub start_time_secs: u64,
+    #[serde(default)]
+    pub uptime_secs: u64,
+    #[serde(default)]
+    pub executor_stats: Vec<ExecutorStatsReport>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_endpoint: Option<String>,
+}
+
+/// An executor's counters and average latencies, in a [`WorkerReport`] (the znode's
+/// [`crate::znode::ExecutorStats`] with the API's camelCase keys).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecutorStatsReport {
+    pub executor: crate::ids::ExecutorId,
+    pub emitted: u64,
+    pub transferred: u64,
+    pub acked: u64,
+    pub failed: u64,
+    pub execute_latency_ms: f64,
+    pub process_latency_ms: f64,
+    pub complete_latency_ms: f64,
+}
+
+/// A finite latency for JSON (serde_json writes a NaN as `null`, which no reader takes).
+fn finite(ms: f64) -> f64 {
+    if ms.is_finite() { ms } else { 0.0 }
+}
+
+impl From<&crate::znode::ExecutorStats> for ExecutorStatsReport {
+    fn from(s: &crate::znode::ExecutorStats) -> Self {
+        ExecutorStatsReport {
+            executor: s.executor,
+            emitted: s.emitted,
+            transferred: s.transferred,
+            acked: s.acked,
+            failed: s.failed,
+            execute_latency_ms: finite(s.execute_latency_ms),
+            process_latency_ms: finite(s.process_latency_ms),
+            complete_latency_ms: finite(s.complete_latency_ms),
+        }
+    }
+}
+
+impl From<&ExecutorStatsReport> for crate::znode::ExecutorStats {
+    fn from(s: &ExecutorStatsReport) -> Self {
+        crate::znode::ExecutorStats {
+            executor: s.executor,
+            emitted: s.emitted,
+            transferred: s.transferred,
+            acked: s.acked,
+            failed: s.failed,
+            execute_latency_ms: s.execute_latency_ms,
+            process_latency_ms: s.process_latency_ms,
+            complete_latency_ms: s.complete_latency_ms,
+        }
+    }
+}
+
+fn worker_port<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u16, D::Error> {
+    match u16::deserialize(deserializer)? {
+        0 => Err(de::Error::custom("a worker port is 1 to 65535, not 0")),
+        port => Ok(port),
+    }
+}
+
+impl SupervisorHeartbeat {
+    /// What serde cannot check: each port reported once. The error names the field.
+    pub fn validate(&self) -> Result<(), crate::api::BodyError> {
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, worker) in self.workers.iter().enumerate() {
+            if !seen.insert(worker.port) {
+                return Err(crate::api::BodyError::Invalid {
+                    field: Some(format!("workers[{i}].port")),
+                    source: de::Error::custom(format!("port {} is reported twice", worker.port)),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The answer to a [`SupervisorHeartbeat`]: how many workers nimbus recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeartbeatAccepted {
+    pub workers: usize,
+}

@@ -11,6 +11,7 @@
 //! GET  /api/v1/topology/:id/code/:file            the code file; sha256 in CHECKSUM_HEADER
 //! GET  /api/v1/prometheus/targets                 [TargetGroup] (Prometheus http_sd)
 //! POST /api/v1/topology/submit                    SubmitTopology -> 201 Submitted
+//! POST /api/v1/supervisor/heartbeat              SupervisorHeartbeat -> HeartbeatAccepted
 //! POST /api/v1/topology/:id/activate | deactivate -> TopologyOperation
 //! POST /api/v1/topology/:id/kill/:wait-time       -> TopologyOperation
 //! POST /api/v1/topology/:id/rebalance/:wait-time  RebalanceRequest -> TopologyOperation
@@ -37,6 +38,7 @@ pub enum Route {
     TopologyErrors(TopologyId),
     Code(TopologyId, CodeFile),
     Submit,
+    SupervisorHeartbeat,
     Activate(TopologyId),
     Deactivate(TopologyId),
     Kill { id: TopologyId, wait_secs: u64 },
@@ -100,6 +102,7 @@ impl Route {
             ClusterSummary | SupervisorSummary | NimbusSummary | TopologySummary | PrometheusTargets
             | Topology(_) | TopologyErrors(_) | Code(..) => Method::GET,
             Submit
+            | SupervisorHeartbeat
             | Activate(_)
             | Deactivate(_)
             | Kill { .. }
@@ -122,6 +125,7 @@ impl Route {
             Route::TopologyErrors(id) => format!("topology/{id}/errors"),
             Route::Code(id, file) => format!("topology/{id}/code/{}", file.file_name()),
             Route::Submit => "topology/submit".to_owned(),
+            Route::SupervisorHeartbeat => "supervisor/heartbeat".to_owned(),
             Route::Activate(id) => format!("topology/{id}/activate"),
             Route::Deactivate(id) => format!("topology/{id}/deactivate"),
             Route::Kill { id, wait_secs } => format!("topology/{id}/kill/{wait_secs}"),
@@ -148,6 +152,7 @@ impl Route {
             ["prometheus", "targets"] => (get, Ok(Route::PrometheusTargets)),
             // Not a topology id (those are `name-counter-secs`), so no id is shadowed.
             ["topology", "submit"] => (post, Ok(Route::Submit)),
+            ["supervisor", "heartbeat"] => (post, Ok(Route::SupervisorHeartbeat)),
             ["topology", id] => (get, topology(id).map(Route::Topology)),
             ["topology", id, "errors"] => (get, topology(id).map(Route::TopologyErrors)),
             ["topology", id, "code", file] => (
@@ -202,6 +207,7 @@ mod tests {
             Route::Code(id.clone(), CodeFile::Topology),
             Route::Code(id.clone(), CodeFile::WorkerBinary),
             Route::Submit,
+            Route::SupervisorHeartbeat,
             Route::Activate(id.clone()),
             Route::Deactivate(id.clone()),
             Route::Kill { id: id.clone(), wait_secs: 0 },
@@ -236,6 +242,7 @@ mod tests {
                 "GET /api/v1/topology/wc-1-1700000000/code/topology.yaml",
                 "GET /api/v1/topology/wc-1-1700000000/code/worker",
                 "POST /api/v1/topology/submit",
+                "POST /api/v1/supervisor/heartbeat",
                 "POST /api/v1/topology/wc-1-1700000000/activate",
                 "POST /api/v1/topology/wc-1-1700000000/deactivate",
                 "POST /api/v1/topology/wc-1-1700000000/kill/0",

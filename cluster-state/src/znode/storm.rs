@@ -414,6 +414,58 @@ pub struct WorkerHeartbeat {
     pub metrics_endpoint: Option<String>,
 }
 
+impl WorkerHeartbeat {
+    /// Whether `self` says something `previous` did not, for the throttled
+    /// `/storm/workerbeats` writes (`squall.workerbeats.zk.secs`): the topology, start time,
+    /// metrics endpoint, the executors, or any executor's counter or latency at two
+    /// significant digits (what a person reading Storm UI's figures would notice). `time_secs`
+    /// and `uptime_secs` change on every beat and are not content; a node is rewritten only
+    /// when its content changed, and then with every field as it is now.
+    pub fn content_differs(&self, previous: &WorkerHeartbeat) -> bool {
+        let key = |b: &WorkerHeartbeat| {
+            (
+                b.topology_id.clone(),
+                b.start_time_secs,
+                b.metrics_endpoint.clone(),
+                b.executor_stats
+                    .iter()
+                    .map(|s| {
+                        (
+                            s.executor,
+                            [s.emitted, s.transferred, s.acked, s.failed].map(two_digits),
+                            [s.execute_latency_ms, s.process_latency_ms, s.complete_latency_ms]
+                                .map(two_digits_f64),
+                        )
+                    })
+                    .collect::<Vec<_>>(),
+            )
+        };
+        key(self) != key(previous)
+    }
+}
+
+/// `n` with all but its two most significant decimal digits zeroed (`12_345` -> `12_000`).
+pub fn two_digits(n: u64) -> u64 {
+    let mut scale = 1;
+    while n / scale >= 100 {
+        scale *= 10;
+    }
+    n / scale * scale
+}
+
+/// A latency at two significant digits, as (mantissa, decimal exponent); non-finite as 0.
+fn two_digits_f64(x: f64) -> (i64, i32) {
+    if !x.is_finite() || x == 0.0 {
+        return (0, 0);
+    }
+    // Two digits before the point: 10..=99 (rounding may give 100, which compares fine).
+    #[allow(clippy::cast_possible_truncation)]
+    let exponent = x.abs().log10().floor() as i32 - 1;
+    #[allow(clippy::cast_possible_truncation)]
+    let mantissa = (x / 10f64.powi(exponent)).round() as i64;
+    (mantissa, exponent)
+}
+
 impl ZnodeData for WorkerHeartbeat {
     const FORMAT: &'static str = "worker-heartbeat v1 JSON";
 
@@ -478,7 +530,10 @@ impl ZnodeData for ErrorInfo {
 /// ```json
 /// {"version":1,"time_secs":1700000070,"topology_id":"wc-1-1700000000","executors":[[1,2],[3,3]],"port":6700}
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// Added within version 1 (written only when set, absent reads as empty), for the supervisor's
+/// aggregated heartbeat to nimbus: `"start_time_secs":N`, `"executor_stats":[...]` (as in
+/// [`WorkerHeartbeat`]) and `"metrics_endpoint":"host:port"`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct LocalWorkerHeartbeat {
     /// When the worker wrote it, seconds since the epoch (same machine as the reader).
     pub time_secs: u64,
@@ -488,6 +543,15 @@ pub struct LocalWorkerHeartbeat {
     pub executors: Vec<ExecutorId>,
     /// Its slot's port.
     pub port: u16,
+    /// When the worker started, seconds since the epoch (`None`: an older worker).
+    #[serde(default)]
+    pub start_time_secs: Option<u64>,
+    /// Stats of each of its executors (empty: an older worker).
+    #[serde(default)]
+    pub executor_stats: Vec<ExecutorStats>,
+    /// `host:port` of the worker's Prometheus `/metrics`.
+    #[serde(default)]
+    pub metrics_endpoint: Option<String>,
 }
 
 impl LocalWorkerHeartbeat {
@@ -502,7 +566,7 @@ impl ZnodeData for LocalWorkerHeartbeat {
     const FORMAT: &'static str = "local-worker-heartbeat v1 JSON";
 
     fn encode(&self) -> Vec<u8> {
-        JsonObject::versioned(1)
+        let object = JsonObject::versioned(1)
             .field("time_secs", self.time_secs)
             .field("topology_id", self.topology_id.as_str())
             .raw(
@@ -511,9 +575,21 @@ impl ZnodeData for LocalWorkerHeartbeat {
                     self.executors.iter().map(|e| format!("[{},{}]", e.start_task().0, e.end_task().0)),
                 ),
             )
-            .field("port", self.port)
-            .finish()
-            .into_bytes()
+            .field("port", self.port);
+        let object = match self.start_time_secs {
+            Some(start) => object.field("start_time_secs", start),
+            None => object,
+        };
+        let object = if self.executor_stats.is_empty() {
+            object
+        } else {
+            object.raw("executor_stats", &json_array(self.executor_stats.iter().map(ExecutorStats::to_json)))
+        };
+        let object = match &self.metrics_endpoint {
+            Some(endpoint) => object.field("metrics_endpoint", endpoint.as_str()),
+            None => object,
+        };
+        object.finish().into_bytes()
     }
 
     fn decode(path: &str, bytes: &[u8]) -> Result<Self, DecodeError> {

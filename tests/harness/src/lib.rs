@@ -60,8 +60,9 @@
 //!
 //! `tickTime=200`, so sessions may negotiate timeouts from 400 ms (`minSessionTimeout`) to 60 s, and
 //! expire promptly in expiry tests. `forceSync=no` (data still survives [`stop`], which kills the process
-//! but not the machine). No limit on connections per client address. Four-letter words `ruok`, `srvr`
-//! and `conf` are enabled; the admin server is off. Server output (stdout, stderr and the SLF4J log) goes
+//! but not the machine). No limit on connections per client address (`maxClientCnxns=0`: the scale
+//! bench opens thousands of sessions from one address). Four-letter words `ruok`, `srvr`, `conf` and
+//! `mntr` are enabled ([`ZkServer::four_letter`], [`ZkServer::transactions`], [`ZkServer::mntr`]); the admin server is off. Server output (stdout, stderr and the SLF4J log) goes
 //! to `zookeeper-N.log` in the server's temporary directory, one file per launch; see
 //! [`ZkServer::log_path`]. A server that fails to come up panics with the tail of that log.
 //!
@@ -274,6 +275,40 @@ impl ZkServer {
     }
 
     /// Process id of the running JVM; `None` while stopped.
+    /// The answer to a four-letter word (`srvr`, `mntr`, ...).
+    pub fn four_letter(&self, word: &str) -> io::Result<String> {
+        let address = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
+        let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        stream.write_all(word.as_bytes())?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response)?;
+        Ok(String::from_utf8_lossy(&response).into_owned())
+    }
+
+    /// The server's own count of committed transactions: the counter part of its last zxid
+    /// (`srvr`'s `Zxid`), which grows by one per transaction (create, setData, delete, multi,
+    /// session create and close) within an epoch. Compare two readings of one running server.
+    pub fn transactions(&self) -> io::Result<u64> {
+        let srvr = self.four_letter("srvr")?;
+        let zxid = srvr
+            .lines()
+            .find_map(|l| l.strip_prefix("Zxid: 0x"))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            .ok_or_else(|| io::Error::other(format!("no Zxid in srvr's answer: {srvr}")))?;
+        Ok(zxid & 0xffff_ffff)
+    }
+
+    /// `mntr`'s key-value lines (`zk_packets_received`, `zk_znode_count`, ...).
+    pub fn mntr(&self) -> io::Result<std::collections::BTreeMap<String, String>> {
+        Ok(self
+            .four_letter("mntr")?
+            .lines()
+            .filter_map(|l| l.split_once('\t'))
+            .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+            .collect())
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child_slot().as_ref().map(Child::id)
     }
@@ -323,7 +358,7 @@ impl ZkServer {
              maxClientCnxns=0\n\
              forceSync=no\n\
              admin.enableServer=false\n\
-             4lw.commands.whitelist=ruok,srvr,conf\n",
+             4lw.commands.whitelist=ruok,srvr,conf,mntr\n",
             data_dir.replace('\\', "\\\\"),
             self.port,
         );
