@@ -25,6 +25,7 @@ use cluster_state::znode::{
     Assignment, DelayedTransition, ErrorInfo, ExecutorAssignment, StormBase, SupervisorInfo, TopologyStatus,
     WorkerHeartbeat, ZnodeData,
 };
+use nimbus::NimbusConfig;
 use nimbus::assigner::{Assigner, MonitorTimeouts};
 use nimbus::code_store::{CodeFile, CodeStore, CodeStoreLimits, sha256_hex};
 use nimbus::http::{ApiConfig, ApiState, CHECKSUM_HEADER};
@@ -94,6 +95,9 @@ impl Nimbus {
             nimbus_start_secs: now_secs(),
             leadership: Leadership::standalone(),
             replicator: None,
+            lag: None,
+            kafka_paths: Default::default(),
+            cluster_configuration: NimbusConfig::default().ui_configuration(),
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
