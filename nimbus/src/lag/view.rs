@@ -216,7 +216,8 @@ mod tests {
         ]);
         let d = group_detail(&group, &report(), &zk, 1);
         assert_eq!((d.summary.status.as_str(), d.summary.worst_status.as_str()), ("WARN", "STALL"));
-        let rows: Vec<(i32, Option<i64>, Option<u64>, Option<&str>, &str)> = d
+        type Row<'a> = (i32, Option<i64>, Option<u64>, Option<&'a str>, &'a str);
+        let rows: Vec<Row> = d
             .partitions_detail
             .iter()
             .map(|p| (p.partition, p.committed_offset, p.lag, p.owner.as_deref(), p.status.as_str()))
