@@ -14,7 +14,9 @@
 
 use std::io::IsTerminal;
 
+use cluster_state::launch::WorkerLaunch;
 use cluster_state::secrets::RedactingWriter;
+use cluster_state::worker_logs::{self, RotatingFile};
 use tracing_subscriber::EnvFilter;
 
 /// The format of log lines.
@@ -58,17 +60,42 @@ fn level(role: Role, verbose: u8) -> &'static str {
     LEVELS[(base + usize::from(verbose)).min(LEVELS.len() - 1)]
 }
 
-/// Installs the process's subscriber. Call once, first thing in `main`.
+/// Installs the process's subscriber, writing to stderr. Call once, first thing in `main`.
 pub fn init(args: &LogArgs, role: Role) {
+    install(args, role, || RedactingWriter(std::io::stderr()), std::io::stderr().is_terminal());
+}
+
+/// Installs a worker's subscriber: its `worker.log` at Storm's place
+/// (`<storm.local.dir>/workers-artifacts/<topology-id>/<port>/worker.log`), size-rotated as the
+/// launch says. If that file cannot be opened, stderr (which the supervisor sends to
+/// `worker.log.out`) gets the logs and says why.
+pub fn init_worker(args: &LogArgs, launch: &WorkerLaunch) {
+    let path = worker_logs::worker_log(&launch.local_dir, &launch.topology_id, launch.port);
+    let opened = path
+        .parent()
+        .map_or(Ok(()), cluster_state::files::create_private_dir_all)
+        .and_then(|()| RotatingFile::open(&path, launch.log_rotation()));
+    match opened {
+        Ok(file) => install(args, Role::Daemon, move || RedactingWriter(file.clone()), false),
+        Err(e) => {
+            init(args, Role::Daemon);
+            tracing::error!("cannot open {}, logging to stderr: {e}", path.display());
+        }
+    }
+}
+
+fn install<W>(args: &LogArgs, role: Role, writer: impl Fn() -> W + Send + Sync + 'static, ansi: bool)
+where
+    W: std::io::Write + 'static,
+{
     let filter = if args.verbose > 0 {
         EnvFilter::new(level(role, args.verbose))
     } else {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level(role, 0)))
     };
-    let writer = || RedactingWriter(std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
     match args.log_format {
-        LogFormat::Plain => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Plain => builder.with_ansi(ansi).init(),
         LogFormat::Json => builder.json().with_ansi(false).init(),
     }
 }

@@ -79,7 +79,12 @@ fn main() -> ExitCode {
         Some(Command::Nimbus(_) | Command::Supervisor(_) | Command::Worker(_)) => logging::Role::Daemon,
         _ => logging::Role::Command,
     };
-    logging::init(&cli.log, role);
+    match &cli.command {
+        Some(Command::Worker(cmd)) => {
+            logging::init_worker(&cli.log, &cluster_state::launch::WorkerLaunch::from(cmd.clone()))
+        }
+        _ => logging::init(&cli.log, role),
+    }
     match cli.command {
         Some(Command::Local(cmd)) => report("local", local::execute(cmd)),
         Some(Command::Nimbus(args)) => report("nimbus", daemons::nimbus(args)),

@@ -106,3 +106,72 @@ async fn every_process_logs_plain_text_to_its_file_and_json_when_asked() {
     assert!(verbose.status.success(), "{}", text(&verbose));
     assert_eq!(verbose.stdout, out.stdout, "-v changes stderr only");
 }
+
+/// Names of the files in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// A worker's log is at Storm's place, `<storm.local.dir>/workers-artifacts/<topology-id>/<port>/
+/// worker.log`, and rotates by size (`worker.log.max.bytes`) keeping at most
+/// `worker.log.max.files` files, rotation after rotation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_log_rotates_by_size_and_keeps_at_most_max_files() {
+    const MAX_BYTES: u64 = 4000;
+    let mut cluster = Cluster::new("logs_rotation").await;
+    cluster.configure(&format!("worker.log.max.bytes: {MAX_BYTES}"));
+    cluster.configure("worker.log.max.files: 3");
+    cluster.start_nimbus();
+    let port = free_port();
+    cluster.start_supervisor("sup-a", &[port]);
+    // Every word is logged by the `log` sink: about 100 lines a second.
+    let file = cluster.dir("chatty.yaml");
+    std::fs::write(
+        &file,
+        "name: chatty\nconfig: {topology.workers: 1}\n\
+         spouts:\n  - {id: sentences, className: sentence-generator, parallelism: 1, params: {rate_per_sec: 20}}\n\
+         bolts:\n  - {id: split, className: split-sentence, parallelism: 1}\n  - {id: log, className: log, parallelism: 1}\n\
+         streams:\n  - {from: sentences, to: split, grouping: {type: SHUFFLE}}\n  - {from: split, to: log, grouping: {type: SHUFFLE}}\n",
+    )
+    .unwrap();
+    let submitted = eventually(Duration::from_secs(60), "nimbus to take the submit", || async {
+        let out = cluster.squall(&["submit", file.to_str().unwrap()]);
+        out.status.success().then(|| text(&out))
+    })
+    .await;
+    let id = submitted.split(" as ").nth(1).unwrap().split_whitespace().next().unwrap().to_owned();
+    let dir = cluster.dir("sup-a").join("workers-artifacts").join(&id).join(port.to_string());
+
+    // Rotation after rotation (the oldest kept file changes), never a fourth file nor one past
+    // the size limit.
+    let mut oldest_seen = std::collections::BTreeSet::new();
+    eventually(Duration::from_secs(120), "worker.log to rotate out several times", || {
+        let names = names(&dir);
+        for name in &names {
+            assert!(
+                ["worker.log", "worker.log.1", "worker.log.2", "worker.log.out"].contains(&name.as_str()),
+                "unexpected file {name} in {}: {names:?}",
+                dir.display()
+            );
+            if name.starts_with("worker.log") && name != "worker.log.out" {
+                let len = std::fs::metadata(dir.join(name)).map(|m| m.len()).unwrap_or(0);
+                assert!(len <= MAX_BYTES, "{name} has {len} bytes");
+            }
+        }
+        if let Ok(oldest) = std::fs::read_to_string(dir.join("worker.log.2"))
+            && let Some(first) = oldest.lines().next()
+        {
+            oldest_seen.insert(first.to_owned());
+        }
+        let done = oldest_seen.len() >= 3;
+        async move { done.then_some(()) }
+    })
+    .await;
+    let live = std::fs::read_to_string(dir.join("worker.log")).unwrap();
+    assert!(live.lines().all(|l| !l.is_empty()), "whole lines only:\n{live}");
+    assert!(std::fs::read_to_string(dir.join("worker.log.1")).unwrap().contains("tuple"));
+}
