@@ -8,8 +8,8 @@
 //!
 //! Compatibility: the flags are those `squall worker` has always accepted, because a user's
 //! worker binary built against an older `worker` crate gets the same command line. The
-//! ZooKeeper timeouts came later, so they are written only when they differ from Storm's
-//! defaults: an older binary keeps working on a cluster that keeps the defaults, and on one
+//! ZooKeeper timeouts and the log rotation (`--log-max-bytes`, `--log-max-files`) came later,
+//! so they are written only when they differ from their defaults: an older binary keeps working on a cluster that keeps the defaults, and on one
 //! that does not it refuses the flag by name instead of running with the wrong timeout.
 //!
 //! ```
