@@ -49,11 +49,14 @@ fn golden_argv_with_everything_set() {
     launch.bind_host = "10.0.0.7".into();
     launch.zookeeper_session_timeout_ms = 7000;
     launch.zookeeper_connection_timeout_ms = 3000;
+    launch.log_max_bytes = 1_048_576;
+    launch.log_max_files = 4;
     let line = "worker --topology-id wc-1-1700000000 --supervisor-id 6f1c-9a2b --port 6700 \
                 --worker-id 3d4e-77aa --zookeeper zk1:2181 --storm-root /squall/storm \
                 --topology-file /var/storm/supervisor/stormdist/wc-1-1700000000/topology.yaml \
                 --local-dir /var/storm --hostname host1.example --bind-host 10.0.0.7 \
-                --zookeeper-session-timeout-ms 7000 --zookeeper-connection-timeout-ms 3000";
+                --zookeeper-session-timeout-ms 7000 --zookeeper-connection-timeout-ms 3000 \
+                --log-max-bytes 1048576 --log-max-files 4";
     assert_eq!(strings(&launch.to_args()).join(" "), line);
     assert_eq!(WorkerLaunch::parse(args(line)).unwrap(), launch);
     let options = launch.session_options();
@@ -102,6 +105,8 @@ fn bad_command_lines_name_the_flag() {
             "--zookeeper-session-timeout-ms \"0\": must be at least 1",
         ),
         (&format!("{base} --zookeeper-connection-timeout-ms 1s"), "--zookeeper-connection-timeout-ms \"1s\""),
+        (&format!("{base} --log-max-files 0"), "--log-max-files \"0\": at least 1 file is kept"),
+        (&format!("{base} --log-max-bytes 0"), "--log-max-bytes \"0\": must be at least 1"),
         (&format!("{base} --port 6701"), "--port is given more than once"),
         (&format!("{base} --hostname"), "--hostname needs a value"),
         (&format!("{base} --nimbus x"), "unknown worker argument \"--nimbus\""),
