@@ -207,6 +207,7 @@ fn describe(f: &Failure) -> String {
         Failure::Timeout(t) => format!("subprocess heartbeat timeout: nothing from it for {}s", t.as_secs()),
         Failure::StdinClosed => "the subprocess closed its input".into(),
         Failure::Protocol(r) => format!("protocol error: {r}"),
+        Failure::Startup(f, ended) => format!("{}{ended}", describe(f)),
     }
 }
 

@@ -46,11 +46,16 @@ pub(crate) enum Incoming {
 #[derive(Debug)]
 pub(crate) enum Failure {
     Spawn(String),
-    Garbage { line: u64, reason: String },
+    Garbage {
+        line: u64,
+        reason: String,
+    },
     Exited,
     Timeout(Duration),
     StdinClosed,
     Protocol(String),
+    /// The handshake failed; how the process ended.
+    Startup(Box<Failure>, String),
 }
 
 /// A running subprocess.
@@ -137,6 +142,27 @@ impl ShellProcess {
         if let Err(e) = started {
             return Err(Failure::Spawn(format!("cannot start its I/O threads: {e}")));
         }
+        match process.handshake(conf, context, label, timeout) {
+            Ok(()) => Ok(process),
+            Err(failure) => {
+                // Why it did not answer: its exit status and last stderr lines (a Python
+                // traceback, most often).
+                let mut process = process;
+                process.settle(Duration::from_millis(500));
+                let ended = process.describe_end();
+                Err(Failure::Startup(Box::new(failure), ended))
+            }
+        }
+    }
+
+    fn handshake(
+        &self,
+        conf: &serde_json::Map<String, serde_json::Value>,
+        context: Context<'_>,
+        label: &str,
+        timeout: Duration,
+    ) -> Result<(), Failure> {
+        let (pid, process) = (self.pid, self);
         let pid_dir = process._pid_dir.path().to_string_lossy().into_owned();
         let mut bytes = Vec::new();
         frame(&mut bytes, &Handshake { conf, context, pid_dir: &pid_dir })
@@ -145,7 +171,7 @@ impl ShellProcess {
         match process.from_child.recv_timeout(timeout) {
             Ok(Incoming::Pid(reported)) => {
                 tracing::debug!(component = %label, pid, reported, "shell handshake done");
-                Ok(process)
+                Ok(())
             }
             Ok(Incoming::Msg(m)) => {
                 Err(Failure::Protocol(format!("answered the handshake with {m:?}, not its pid")))
