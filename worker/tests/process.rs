@@ -787,20 +787,25 @@ async fn a_hanging_shell_bolt_is_killed_after_the_heartbeat_timeout_reported_and
          \x20 - {{from: split, to: count, grouping: {{type: FIELDS, args: [word]}}}}\n",
         marker.display()
     );
-    let load = || worker::Registry::with_builtins().with_resources_dir(resources.path()).load_str(&yaml).unwrap();
+    let load =
+        || worker::Registry::with_builtins().with_resources_dir(resources.path()).load_str(&yaml).unwrap();
     let layout = TaskLayout::compute(&load().component_parallelism());
     c.submit(&load(), std::slice::from_ref(&slot)).await;
     let (t, h) = c.start(load(), &slot, "w");
     let dir = c.paths.errors_component(&c.id, &ComponentId::new("split").unwrap());
-    let error = test_harness::eventually(Duration::from_secs(60), "the heartbeat timeout in /storm/errors", || async {
-        for name in c.session.children(&dir).await.ok()? {
-            let (info, _) = c.session.read::<ErrorInfo>(&format!("{dir}/{name}")).await.ok()?;
-            if info.error.contains("heartbeat timeout") {
-                return Some(info);
+    let error = test_harness::eventually(
+        Duration::from_secs(60),
+        "the heartbeat timeout in /storm/errors",
+        || async {
+            for name in c.session.children(&dir).await.ok()? {
+                let (info, _) = c.session.read::<ErrorInfo>(&format!("{dir}/{name}")).await.ok()?;
+                if info.error.contains("heartbeat timeout") {
+                    return Some(info);
+                }
             }
-        }
-        None
-    })
+            None
+        },
+    )
     .await;
     assert!(marker.exists(), "the bolt hung on its first tuple");
     assert!(error.error.contains("shell bolt \"split\""), "{}", error.error);
