@@ -93,8 +93,7 @@ fn run_wordcount(split: &str, count: &str) -> BTreeMap<String, i64> {
     cluster.shutdown(Duration::from_secs(2));
     assert_eq!(done, SENTENCES, "every sentence acked; errors: {errors:?}");
     assert!(errors.is_empty(), "{errors:?}");
-    let counts = counts.lock().unwrap().clone();
-    counts
+    counts.lock().unwrap().clone()
 }
 
 #[test]

@@ -417,7 +417,9 @@ pub(crate) fn quote(text: &str) -> String {
 mod tests {
     use super::*;
 
-    fn read_all(text: &str) -> Vec<Result<Option<(u64, String)>, (u64, String)>> {
+    type Read = Result<Option<(u64, String)>, (u64, String)>;
+
+    fn read_all(text: &str) -> Vec<Read> {
         let mut r = MessageReader::new(text.as_bytes());
         let mut out = Vec::new();
         for _ in 0..10 {
