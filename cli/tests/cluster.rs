@@ -1187,3 +1187,65 @@ async fn a_nimbus_restart_does_not_reassign_executors_that_are_alive() {
     assert_eq!(assignment(&session, &id).await, Some(assigned), "no executor moved");
     assert_eq!(workers_reported(&cluster).await, Some(4));
 }
+
+/// Every `*.log` under `dir` (the daemons' and their workers' logs), concatenated.
+fn logs_under(dir: &Path) -> String {
+    let mut out = String::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return out };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.push_str(&logs_under(&path));
+        } else if path.extension().is_some_and(|e| e == "log") {
+            out.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_custom_worker_example_builds_and_runs_its_own_components_on_a_cluster() {
+    // Built as README.md says, into this build's target dir (up to date: a no-op but for the
+    // example itself).
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target = Path::new(SQUALL).parent().and_then(Path::parent).unwrap();
+    let built = Command::new(env!("CARGO"))
+        .args(["build", "-p", "custom-worker", "--locked"])
+        .current_dir(&workspace)
+        .env("CARGO_TARGET_DIR", target)
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{}", text(&built));
+    let binary = Path::new(SQUALL).with_file_name("custom-worker");
+    assert!(binary.is_file(), "{}", binary.display());
+
+    let mut cluster = Cluster::new("cluster_custom_worker").await;
+    cluster.start_nimbus();
+    cluster.start_supervisor("sup-a", &[free_port(), free_port()]);
+    cluster.start_supervisor("sup-b", &[free_port(), free_port()]);
+    let session = cluster.session().await;
+    supervisors(&session, 2).await;
+    let topology = workspace.join("examples/custom-worker/topology.yaml");
+    // The squall binary does not know the example's components: without its binary, refused.
+    let refused = cluster.squall(&["submit", topology.to_str().unwrap()]);
+    assert!(!refused.status.success() && text(&refused).contains("counting-spout"), "{}", text(&refused));
+    let submitted = eventually(Duration::from_secs(60), "nimbus to take the submit", || async {
+        let out = cluster.squall(&[
+            "submit",
+            topology.to_str().unwrap(),
+            "--worker-binary",
+            binary.to_str().unwrap(),
+        ]);
+        out.status.success().then(|| text(&out))
+    })
+    .await;
+    assert!(submitted.contains("Submitted topology fizzbuzz"), "{submitted}");
+    // The example's own bolt's output, printed by the built-in stdout sink in a worker's log:
+    // 15 is FizzBuzz whichever worker counted it.
+    let root = cluster.dir("");
+    eventually(Duration::from_secs(90), "the fizzbuzz bolt's output in a worker log", || async {
+        let logs = logs_under(&root);
+        (logs.contains("15\tFizzBuzz") && logs.contains("9\tFizz") && logs.contains("10\tBuzz")).then_some(())
+    })
+    .await;
+}

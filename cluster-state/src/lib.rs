@@ -51,6 +51,7 @@ pub mod launch;
 pub mod layout;
 pub mod metrics;
 pub mod paths;
+pub mod resources;
 pub mod secrets;
 pub mod signal;
 pub mod structure;

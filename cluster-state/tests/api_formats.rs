@@ -169,6 +169,7 @@ fn write_side_bodies_keep_their_keys() {
         &SubmitTopology {
             topology_upload: upload(),
             worker_upload: Some(upload()),
+            resources_upload: None,
             inactive: true,
             owner: "alice".into(),
         },
@@ -244,6 +245,7 @@ fn requests_take_what_storms_clients_send() {
         SubmitTopology {
             topology_upload: upload(),
             worker_upload: None,
+            resources_upload: None,
             inactive: false,
             owner: String::new()
         }

@@ -733,6 +733,7 @@ async fn submit(state: &ApiState, body: SubmitTopology) -> Result<Submitted, Api
     let request = SubmitRequest {
         topology: body.topology_upload,
         worker_binary: body.worker_upload,
+        resources: body.resources_upload,
         inactive: body.inactive,
         owner: body.owner,
     };

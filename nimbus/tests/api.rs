@@ -912,7 +912,13 @@ async fn upload(nimbus: &Nimbus, data: &[u8]) -> UploadId {
 
 /// The submit of an uploaded topology file, as `squall submit` sends it by default.
 fn submit(topology: UploadId) -> SubmitTopology {
-    SubmitTopology { topology_upload: topology, worker_upload: None, inactive: false, owner: String::new() }
+    SubmitTopology {
+        topology_upload: topology,
+        worker_upload: None,
+        resources_upload: None,
+        inactive: false,
+        owner: String::new(),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -662,6 +662,10 @@ pub struct SubmitTopology {
     /// The finished upload of the user's worker binary, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_upload: Option<UploadId>,
+    /// The finished upload of the shell components' resources archive
+    /// (`crate::resources`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources_upload: Option<UploadId>,
     /// Submit deactivated.
     #[serde(default, deserialize_with = "null_as_default")]
     pub inactive: bool,
