@@ -783,9 +783,15 @@ async fn nimbus_failover_leaves_workers_alone_and_resumes_delayed_kill_and_rebal
     let paths = StormPaths::default();
     let leader = ha_leader(&session, 3, None, Duration::from_secs(60)).await;
 
-    // Word count on both slots, submitted through the seeds.
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/wordcount.yaml");
-    let out = cluster.squall(&["submit", example.to_str().unwrap()]);
+    // Word count on both slots, submitted through the seeds. `flowing` watches acks in the
+    // workerbeat nodes: written every second here rather than at most once a minute.
+    let example =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/wordcount.yaml"))
+            .unwrap()
+            .replace("topology.workers: 2", "topology.workers: 2\n  squall.workerbeats.zk.secs: 1");
+    let example_file = cluster.dir("wordcount.yaml");
+    std::fs::write(&example_file, example).unwrap();
+    let out = cluster.squall(&["submit", example_file.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
     let id: TopologyId =
         text(&out).split(" as ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
@@ -821,7 +827,7 @@ async fn nimbus_failover_leaves_workers_alone_and_resumes_delayed_kill_and_rebal
     let other = cluster.dir("other.yaml");
     std::fs::write(
         &other,
-        std::fs::read_to_string(&example).unwrap().replace("name: wordcount", "name: other"),
+        std::fs::read_to_string(&example_file).unwrap().replace("name: wordcount", "name: other"),
     )
     .unwrap();
     let out = cluster.squall(&["submit", other.to_str().unwrap()]);
@@ -1188,7 +1194,8 @@ async fn a_nimbus_restart_does_not_reassign_executors_that_are_alive() {
     assert_eq!(workers_reported(&cluster).await, Some(4));
 }
 
-/// Every `*.log` under `dir` (the daemons' and their workers' logs), concatenated.
+/// Every `*.log` and `worker.log*` file under `dir` (the daemons' logs, their workers' logs and
+/// their stdout in `worker.log.out`), concatenated.
 fn logs_under(dir: &Path) -> String {
     let mut out = String::new();
     let Ok(entries) = std::fs::read_dir(dir) else { return out };
@@ -1196,7 +1203,9 @@ fn logs_under(dir: &Path) -> String {
         let path = entry.path();
         if path.is_dir() {
             out.push_str(&logs_under(&path));
-        } else if path.extension().is_some_and(|e| e == "log") {
+        } else if path.extension().is_some_and(|e| e == "log")
+            || path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("worker.log"))
+        {
             out.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
         }
     }
