@@ -129,13 +129,18 @@ fn refused(peer: &str, reason: impl Into<String>) -> Error {
 fn read_small_frame(s: &mut TcpStream, deadline: std::time::Instant, peer: &str) -> Result<Vec<u8>> {
     let mut len = [0u8; 4];
     read_exact_by(s, &mut len, deadline, peer)?;
-    let len = u32::from_be_bytes(len) as usize;
+    let mut buf = vec![0; handshake_len(len, peer)?];
+    read_exact_by(s, &mut buf, deadline, peer)?;
+    Ok(buf)
+}
+
+/// The length a handshake frame's header announces, refused over [`HANDSHAKE_LIMIT`].
+fn handshake_len(header: [u8; 4], peer: &str) -> Result<usize> {
+    let len = u32::from_be_bytes(header) as usize;
     if len > HANDSHAKE_LIMIT {
         return Err(refused(peer, format!("handshake message of {len} bytes (at most {HANDSHAKE_LIMIT})")));
     }
-    let mut buf = vec![0; len];
-    read_exact_by(s, &mut buf, deadline, peer)?;
-    Ok(buf)
+    Ok(len)
 }
 
 fn read_exact_by(s: &mut TcpStream, buf: &mut [u8], deadline: std::time::Instant, peer: &str) -> Result<()> {
@@ -258,11 +263,7 @@ where
     };
     let mut len = [0u8; 4];
     s.read_exact(&mut len).await.map_err(closed)?;
-    let len = u32::from_be_bytes(len) as usize;
-    if len > HANDSHAKE_LIMIT {
-        return Err(refused(peer, format!("handshake message of {len} bytes (at most {HANDSHAKE_LIMIT})")));
-    }
-    let mut buf = vec![0; len];
+    let mut buf = vec![0; handshake_len(len, peer)?];
     s.read_exact(&mut buf).await.map_err(closed)?;
     Ok(buf)
 }

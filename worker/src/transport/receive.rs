@@ -417,9 +417,9 @@ fn spawn_receivers(admitted: &crossbeam_channel::Receiver<Admitted>, setup: &Rec
 }
 
 fn receive_loop(stream: TcpStream, peer: &str, setup: &ReceiverSetup) -> Result<()> {
+    // An authenticated peer may stay idle as long as it likes (a quiet stream): the socket
+    // comes from the gatekeeper in blocking mode with no read timeout.
     let mut r = stream;
-    // An authenticated peer may stay idle as long as it likes (a quiet stream).
-    r.set_read_timeout(None).map_err(|e| Error::io(format!("read from {peer}"), e))?;
     // One batch per destination inbox, and each task's batch by index (tasks are small dense
     // integers), so an envelope goes to its batch as it is decoded.
     let mut groups: Vec<(Sender<Batch>, Batch)> = Vec::new();
