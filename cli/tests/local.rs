@@ -19,7 +19,7 @@ fn example(name: &str) -> String {
 #[test]
 fn wordcount_example_runs_and_prints_counts_and_a_summary() {
     let out = squall()
-        .args(["local", &example("wordcount.yaml"), "--duration", "3", "--progress", "1"])
+        .args(["local", &example("wordcount.yaml"), "--duration", "8", "--progress", "1"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
