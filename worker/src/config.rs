@@ -58,6 +58,12 @@ pub struct TopologyConfig {
     /// goes through the supervisor's heartbeat to nimbus; the node is for tools). Squall: 60.
     #[serde(rename = "squall.workerbeats.zk.secs")]
     pub workerbeats_zk_secs: u64,
+    /// `topology.transport.tls`: whether the topology's workers talk to each other over mutual
+    /// TLS 1.3 with the topology's key (derived from its secret; see `transport`'s `tls.rs`)
+    /// instead of plain TCP. The HMAC handshake runs either way. Squall: false (plain TCP,
+    /// as `squall local` and loopback tests want).
+    #[serde(rename = "topology.transport.tls")]
+    pub transport_tls: bool,
 }
 
 impl Default for TopologyConfig {
@@ -76,6 +82,7 @@ impl Default for TopologyConfig {
             error_throttle_interval_secs: 10,
             max_error_report_per_interval: 5,
             workerbeats_zk_secs: 60,
+            transport_tls: false,
         }
     }
 }

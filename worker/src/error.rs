@@ -66,6 +66,10 @@ pub enum Error {
     /// or unusable.
     #[error("topology secret {}: {reason}", path.display())]
     Secret { path: PathBuf, reason: String },
+    /// The transport's TLS (`topology.transport.tls`) cannot be set up from the topology's
+    /// secret.
+    #[error("worker transport TLS: {reason}")]
+    Tls { reason: String },
     /// A socket or file operation failed.
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },

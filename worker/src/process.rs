@@ -418,6 +418,7 @@ async fn run_session(
         bind_host: config.bind_host.clone(),
         secret: args.secret.clone(),
         max_connections: config.max_peer_connections,
+        tls: topology.config().transport_tls,
     };
     let mut worker = StaticWorker::start(topology.clone(), layout.clone(), plan, id, options, Some(err_tx))?;
     let plan = worker.plan.clone();

@@ -12,6 +12,7 @@ use crossbeam_channel::Sender;
 
 use super::auth::{self, TopologySecret};
 use super::codec::{decode_each, read_frame};
+use super::tls::{PeerStream, TransportTls};
 use super::{FRAME_LIMIT, TransportStats};
 use crate::collector::Batch;
 use crate::error::{Error, Result};
@@ -74,6 +75,8 @@ pub(crate) type Dispatch = Arc<BTreeMap<TaskId, Sender<Batch>>>;
 pub(crate) struct ReceiverSetup {
     pub(crate) topology_id: String,
     pub(crate) secret: TopologySecret,
+    /// TLS with the topology's key (`topology.transport.tls`), or plain TCP.
+    pub(crate) tls: Option<TransportTls>,
     pub(crate) table: Arc<StreamTable>,
     pub(crate) dispatch: Dispatch,
     pub(crate) stats: Arc<TransportStats>,
@@ -299,11 +302,16 @@ fn receive_loop(
     setup: &ReceiverSetup,
     authenticated: &AtomicBool,
 ) -> Result<()> {
-    let mut r = stream;
-    auth::server(&mut r, &setup.topology_id, &setup.secret, peer)?;
+    // One deadline for TLS and the handshake inside it.
+    let deadline = Instant::now() + auth::HANDSHAKE_TIMEOUT;
+    let mut r = match &setup.tls {
+        Some(tls) => super::tls::accept(stream, tls, deadline, peer)?,
+        None => PeerStream::plain(stream),
+    };
+    auth::server(&mut r, &setup.topology_id, &setup.secret, peer, deadline)?;
     authenticated.store(true, Ordering::Relaxed);
     // An authenticated peer may stay idle as long as it likes (a quiet stream).
-    r.set_read_timeout(None).map_err(|e| Error::io(format!("read from {peer}"), e))?;
+    r.tcp().set_read_timeout(None).map_err(|e| Error::io(format!("read from {peer}"), e))?;
     setup.stats.accepted.fetch_add(1, Ordering::Relaxed);
     // One batch per destination inbox, and each task's batch by index (tasks are small dense
     // integers), so an envelope goes to its batch as it is decoded.
