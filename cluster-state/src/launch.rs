@@ -10,7 +10,9 @@
 //! worker binary built against an older `worker` crate gets the same command line. The
 //! ZooKeeper timeouts came later, so they are written only when they differ from Storm's
 //! defaults: an older binary keeps working on a cluster that keeps the defaults, and on one
-//! that does not it refuses the flag by name instead of running with the wrong timeout.
+//! that does not it refuses the flag by name instead of running with the wrong timeout. The
+//! `/metrics` TLS files (`worker.metrics.tls.*`) came later still and are written only when set,
+//! with the same consequence.
 //!
 //! ```
 //! use cluster_state::launch::WorkerLaunch;
@@ -80,6 +82,12 @@ pub struct WorkerLaunch {
     pub zookeeper_session_timeout_ms: u64,
     /// `--zookeeper-connection-timeout-ms`: the cluster's `storm.zookeeper.connection.timeout`.
     pub zookeeper_connection_timeout_ms: u64,
+    /// `--metrics-tls-cert`, `--metrics-tls-key`, `--metrics-tls-client-ca`: the cluster's
+    /// `worker.metrics.tls.cert` / `.key` / `.client.ca`, which make the worker's `/metrics`
+    /// HTTPS only (`None`: plain HTTP).
+    pub metrics_tls_cert: Option<PathBuf>,
+    pub metrics_tls_key: Option<PathBuf>,
+    pub metrics_tls_client_ca: Option<PathBuf>,
 }
 
 /// A worker command line that does not parse; each variant names the flag at fault.
@@ -120,10 +128,13 @@ enum Flag {
     BindHost,
     SessionTimeout,
     ConnectionTimeout,
+    MetricsTlsCert,
+    MetricsTlsKey,
+    MetricsTlsClientCa,
 }
 
 impl Flag {
-    const ALL: [Flag; 12] = [
+    const ALL: [Flag; 15] = [
         Flag::TopologyId,
         Flag::SupervisorId,
         Flag::Port,
@@ -136,6 +147,9 @@ impl Flag {
         Flag::BindHost,
         Flag::SessionTimeout,
         Flag::ConnectionTimeout,
+        Flag::MetricsTlsCert,
+        Flag::MetricsTlsKey,
+        Flag::MetricsTlsClientCa,
     ];
 
     fn name(self) -> &'static str {
@@ -152,6 +166,9 @@ impl Flag {
             Flag::BindHost => "--bind-host",
             Flag::SessionTimeout => "--zookeeper-session-timeout-ms",
             Flag::ConnectionTimeout => "--zookeeper-connection-timeout-ms",
+            Flag::MetricsTlsCert => "--metrics-tls-cert",
+            Flag::MetricsTlsKey => "--metrics-tls-key",
+            Flag::MetricsTlsClientCa => "--metrics-tls-client-ca",
         }
     }
 
@@ -183,6 +200,9 @@ impl WorkerLaunch {
             bind_host: DEFAULT_BIND_HOST.to_owned(),
             zookeeper_session_timeout_ms: DEFAULT_SESSION_TIMEOUT_MS,
             zookeeper_connection_timeout_ms: DEFAULT_CONNECTION_TIMEOUT_MS,
+            metrics_tls_cert: None,
+            metrics_tls_key: None,
+            metrics_tls_client_ca: None,
         }
     }
 
@@ -231,6 +251,9 @@ impl WorkerLaunch {
             Flag::ConnectionTimeout => {
                 timeout(self.zookeeper_connection_timeout_ms, DEFAULT_CONNECTION_TIMEOUT_MS)
             }
+            Flag::MetricsTlsCert => self.metrics_tls_cert.clone().map(OsString::from),
+            Flag::MetricsTlsKey => self.metrics_tls_key.clone().map(OsString::from),
+            Flag::MetricsTlsClientCa => self.metrics_tls_client_ca.clone().map(OsString::from),
         }
     }
 
@@ -304,6 +327,9 @@ impl WorkerLaunch {
         if let Some(v) = take(Flag::ConnectionTimeout) {
             launch.zookeeper_connection_timeout_ms = millis(Flag::ConnectionTimeout, v)?;
         }
+        launch.metrics_tls_cert = take(Flag::MetricsTlsCert).map(PathBuf::from);
+        launch.metrics_tls_key = take(Flag::MetricsTlsKey).map(PathBuf::from);
+        launch.metrics_tls_client_ca = take(Flag::MetricsTlsClientCa).map(PathBuf::from);
         Ok(launch)
     }
 }

@@ -216,6 +216,8 @@ pub struct WorkerEndpoint {
     pub topology: TopologyId,
     pub slot: WorkerSlot,
     pub endpoint: String,
+    /// HTTP or HTTPS (the worker's `worker.metrics.tls.*`).
+    pub scheme: cluster_state::znode::MetricsScheme,
 }
 
 /// The metrics endpoints the workers of `topologies` published in their heartbeats.
@@ -237,7 +239,8 @@ pub async fn read_worker_endpoints(
             if let Some((beat, _)) = read_optional::<WorkerHeartbeat>(session, &path, &mut skipped).await?
                 && let Some(endpoint) = beat.metrics_endpoint
             {
-                endpoints.push(WorkerEndpoint { topology: topology.clone(), slot, endpoint });
+                let scheme = beat.metrics_scheme;
+                endpoints.push(WorkerEndpoint { topology: topology.clone(), slot, endpoint, scheme });
             }
         }
     }

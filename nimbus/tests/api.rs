@@ -253,6 +253,7 @@ async fn seed(session: &Session, code: &CodeStore) {
         time_secs: now_secs(),
         uptime_secs: 1,
         metrics_endpoint: None,
+        metrics_scheme: cluster_state::znode::MetricsScheme::Http,
     };
     session.create(&paths.workerbeat(&id(), &slot), &beat.encode(), persistent).await.unwrap();
     for (text, age) in [("older failure", 30), ("newest failure", 5)] {
@@ -273,6 +274,7 @@ async fn seed(session: &Session, code: &CodeStore) {
         uptime_secs: 3661,
         version: "0.1.0".into(),
         metrics_endpoint: None,
+        metrics_scheme: cluster_state::znode::MetricsScheme::Http,
     };
     session
         .create(&paths.supervisor(&sup), &info.encode(), CreateMode::Ephemeral.with_parents())

@@ -40,6 +40,7 @@ use cluster_state::coord::{AUTH_ENV, Ensemble, Security, ZkAuth};
 use cluster_state::ids::{SupervisorId, TopologyId};
 use cluster_state::launch::{self, WorkerId, WorkerLaunch};
 use cluster_state::paths::StormPaths;
+use cluster_state::tls;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
@@ -88,6 +89,15 @@ pub struct WorkerCommand {
     /// The cluster's `storm.zookeeper.connection.timeout`, in milliseconds.
     #[arg(long, default_value_t = launch::DEFAULT_CONNECTION_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..))]
     pub zookeeper_connection_timeout_ms: u64,
+    /// The cluster's `worker.metrics.tls.cert`: `/metrics` is HTTPS only with it (and its key).
+    #[arg(long)]
+    pub metrics_tls_cert: Option<PathBuf>,
+    /// The cluster's `worker.metrics.tls.key`.
+    #[arg(long)]
+    pub metrics_tls_key: Option<PathBuf>,
+    /// The cluster's `worker.metrics.tls.client.ca`: scrapers must present a certificate from it.
+    #[arg(long)]
+    pub metrics_tls_client_ca: Option<PathBuf>,
 }
 
 impl From<WorkerCommand> for WorkerLaunch {
@@ -105,6 +115,9 @@ impl From<WorkerCommand> for WorkerLaunch {
             bind_host: cmd.bind_host,
             zookeeper_session_timeout_ms: cmd.zookeeper_session_timeout_ms,
             zookeeper_connection_timeout_ms: cmd.zookeeper_connection_timeout_ms,
+            metrics_tls_cert: cmd.metrics_tls_cert,
+            metrics_tls_key: cmd.metrics_tls_key,
+            metrics_tls_client_ca: cmd.metrics_tls_client_ca,
         }
     }
 }
@@ -141,7 +154,14 @@ pub fn prepare(launch: WorkerLaunch, registry: &Registry) -> Result<PreparedWork
         session,
         secret,
     };
-    let config = WorkerConfig { bind_host: launch.bind_host, ..WorkerConfig::default() };
+    let metrics_tls = cluster_state::tls::server(
+        [tls::WORKER_METRICS_CERT, tls::WORKER_METRICS_KEY, tls::WORKER_METRICS_CLIENT_CA],
+        launch.metrics_tls_cert.as_deref(),
+        launch.metrics_tls_key.as_deref(),
+        launch.metrics_tls_client_ca.as_deref(),
+    )
+    .map_err(|e| Error::Tls { reason: e.to_string() })?;
+    let config = WorkerConfig { bind_host: launch.bind_host, metrics_tls, ..WorkerConfig::default() };
     Ok(PreparedWorker { args, config, topology, paths: launch.storm_paths })
 }
 

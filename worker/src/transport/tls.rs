@@ -120,8 +120,17 @@ struct PinnedKey {
 }
 
 impl PinnedKey {
-    fn check(&self, presented: &CertificateDer<'_>, intermediates: &[CertificateDer<'_>]) -> bool {
-        intermediates.is_empty() && presented.as_ref() == self.spki.as_slice()
+    /// The presented key is the pinned one, alone (no chain).
+    fn check(
+        &self,
+        presented: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+    ) -> std::result::Result<(), rustls::Error> {
+        if intermediates.is_empty() && presented.as_ref() == self.spki.as_slice() {
+            Ok(())
+        } else {
+            Err(Self::refused())
+        }
     }
 
     fn refused() -> rustls::Error {
@@ -143,6 +152,39 @@ impl PinnedKey {
     }
 }
 
+/// What the server and the client verifier share: TLS 1.3 signatures checked against the
+/// pinned key, Ed25519 only, raw public keys only.
+macro_rules! pinned_signatures {
+    () => {
+        fn verify_tls12_signature(
+            &self,
+            _message: &[u8],
+            _cert: &CertificateDer<'_>,
+            _dss: &DigitallySignedStruct,
+        ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+            // Only TLS 1.3 is configured, where raw public keys are.
+            Err(rustls::Error::General("TLS 1.2 is not used between workers".into()))
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+            self.signature(message, cert, dss)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            vec![SignatureScheme::ED25519]
+        }
+
+        fn requires_raw_public_keys(&self) -> bool {
+            true
+        }
+    };
+}
+
 impl ServerCertVerifier for PinnedKey {
     fn verify_server_cert(
         &self,
@@ -152,39 +194,10 @@ impl ServerCertVerifier for PinnedKey {
         _ocsp_response: &[u8],
         _now: UnixTime,
     ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        if self.check(end_entity, intermediates) {
-            Ok(ServerCertVerified::assertion())
-        } else {
-            Err(Self::refused())
-        }
+        self.check(end_entity, intermediates).map(|()| ServerCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        // Only TLS 1.3 is configured, where raw public keys are.
-        Err(rustls::Error::General("TLS 1.2 is not used between workers".into()))
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        vec![SignatureScheme::ED25519]
-    }
-
-    fn requires_raw_public_keys(&self) -> bool {
-        true
-    }
+    pinned_signatures!();
 }
 
 impl ClientCertVerifier for PinnedKey {
@@ -198,38 +211,10 @@ impl ClientCertVerifier for PinnedKey {
         intermediates: &[CertificateDer<'_>],
         _now: UnixTime,
     ) -> std::result::Result<ClientCertVerified, rustls::Error> {
-        if self.check(end_entity, intermediates) {
-            Ok(ClientCertVerified::assertion())
-        } else {
-            Err(Self::refused())
-        }
+        self.check(end_entity, intermediates).map(|()| ClientCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::General("TLS 1.2 is not used between workers".into()))
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        vec![SignatureScheme::ED25519]
-    }
-
-    fn requires_raw_public_keys(&self) -> bool {
-        true
-    }
+    pinned_signatures!();
 }
 
 /// A connection between two workers, plain TCP or TLS: what the handshake, the senders and
