@@ -1,5 +1,7 @@
 //! The inter-worker transport: length-delimited, batched frames over TCP, one connection per
 //! peer, authenticated with the topology's secret, and a receiver that dispatches by task id.
+//! With `topology.transport.tls` every connection is mutual TLS 1.3 first, pinned to the
+//! topology's key (`tls.rs`), and everything below runs inside it.
 //!
 //! Frame: `u32` big-endian payload length, then the payload. A connection opens with a
 //! handshake (`auth.rs`): the sender's hello (`SQL2`, a nonce, the topology id), then each side
@@ -29,7 +31,8 @@
 //! buffer grows only as bytes arrive, and forgets a connection when its thread ends.
 //!
 //! Layout: `codec.rs` (the wire format, [`FrameBuf`](codec::FrameBuf)), `auth.rs` (secret and
-//! handshake), `send.rs` (`PeerSender`), `receive.rs` (`PeerReceiver`).
+//! handshake), `tls.rs` ([`TransportTls`], [`PeerStream`]), `send.rs` (`PeerSender`),
+//! `receive.rs` (`PeerReceiver`).
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
