@@ -75,6 +75,7 @@ async fn submit(client: &NimbusClient, name: &str) -> Result<TopologyId, nimbus_
     let request = SubmitTopology {
         topology_upload: upload,
         worker_upload: None,
+        resources_upload: None,
         inactive: false,
         owner: "bench".into(),
     };

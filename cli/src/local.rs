@@ -60,6 +60,10 @@ pub struct LocalCommand {
     /// printed). Each worker serves its own executor metrics as in a cluster.
     #[arg(long, value_name = "PORT", default_value_t = 0)]
     pub metrics_port: u16,
+    /// The directory of the shell components' files, uploaded with the topology as `squall
+    /// submit --resources` does (default: `resources/` beside the topology file, if any).
+    #[arg(long, value_name = "DIR")]
+    pub resources: Option<PathBuf>,
 }
 
 /// Per-component totals, summed over its executors.
@@ -566,9 +570,15 @@ async fn drive(
 ) -> Result<Ran, String> {
     let client = NimbusClient::new(nimbus_address, None);
     let upload = submit_when_up(&client, text).await?;
+    let resources = crate::ops::resources_archive(&cmd.topology, cmd.resources.as_deref())?;
+    let resources_upload = match resources {
+        Some(bytes) => Some(client.upload(&bytes, |_| {}).await.map_err(|e| e.to_string())?),
+        None => None,
+    };
     let request = SubmitTopology {
         topology_upload: upload,
         worker_upload: None,
+        resources_upload,
         inactive: false,
         owner: "local".into(),
     };

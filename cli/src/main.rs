@@ -11,6 +11,7 @@
 mod config;
 mod daemons;
 mod local;
+mod logging;
 mod offsets;
 mod ops;
 mod replay;
@@ -29,6 +30,8 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "squall", version, about)]
 struct Cli {
+    #[command(flatten)]
+    log: logging::LogArgs,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -70,15 +73,18 @@ fn main() -> ExitCode {
     // Whatever this process or a library writes is its owner's alone (0600 / 0700).
     cluster_state::files::restrict_umask();
     let cli = Cli::parse();
-    // `squall local` prints its own progress; the daemons' info logs would drown it.
-    let default_level = if matches!(cli.command, Some(Command::Local(_))) { "warn" } else { "info" };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_level.into()),
-        )
-        // Secret param values of the topologies this process loaded never reach the log.
-        .with_writer(|| cluster_state::secrets::RedactingWriter(std::io::stderr()))
-        .init();
+    // The daemons' logs are their record; a command's output is its result (and `squall local`
+    // prints its own progress), so commands log warnings only unless `-v`.
+    let role = match cli.command {
+        Some(Command::Nimbus(_) | Command::Supervisor(_) | Command::Worker(_)) => logging::Role::Daemon,
+        _ => logging::Role::Command,
+    };
+    match &cli.command {
+        Some(Command::Worker(cmd)) => {
+            logging::init_worker(&cli.log, &cluster_state::launch::WorkerLaunch::from(cmd.clone()))
+        }
+        _ => logging::init(&cli.log, role),
+    }
     match cli.command {
         Some(Command::Local(cmd)) => report("local", local::execute(cmd)),
         Some(Command::Nimbus(args)) => report("nimbus", daemons::nimbus(args)),

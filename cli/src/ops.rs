@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use cluster_state::api::{Count, NimbusSummaries, RebalanceOptions, SubmitTopology, TopologySummaries};
 use cluster_state::ids::{ComponentId, TopologyId};
@@ -53,6 +53,11 @@ pub struct SubmitCommand {
     /// it, supervisors run the topology on the squall binary's built-in components.
     #[arg(long, value_name = "PATH")]
     pub worker_binary: Option<PathBuf>,
+    /// The directory of the shell components' files (scripts, requirement lists), uploaded with
+    /// the topology and their working directory on the supervisors (Storm: the jar's
+    /// `resources/`). Default: `resources/` beside the topology file, when there is one.
+    #[arg(long, value_name = "DIR")]
+    pub resources: Option<PathBuf>,
     /// Submit deactivated: spouts stay paused until `squall activate`.
     #[arg(long)]
     pub inactive: bool,
@@ -151,6 +156,7 @@ pub fn submit(cmd: SubmitCommand, components: &worker::Registry) -> Result<(), S
         ),
         None => None,
     };
+    let resources = resources_archive(&cmd.file, cmd.resources.as_deref())?;
     let client = cmd.client.client()?;
     runtime()?.block_on(async {
         // Uploads live on the nimbus that received them: when the leader changes during a
@@ -158,7 +164,7 @@ pub fn submit(cmd: SubmitCommand, components: &worker::Registry) -> Result<(), S
         let deadline = tokio::time::Instant::now() + client.failover;
         loop {
             let leader = client.current();
-            match submit_once(&client, &cmd, &text, binary.as_deref()).await {
+            match submit_once(&client, &cmd, &text, binary.as_deref(), resources.as_deref()).await {
                 Err(e)
                     if client.current() != leader
                         && tokio::time::Instant::now() < deadline
@@ -172,11 +178,33 @@ pub fn submit(cmd: SubmitCommand, components: &worker::Registry) -> Result<(), S
     })
 }
 
+/// The resources archive to upload with `topology_file`: `dir` packed, or `resources/` beside
+/// the file when there is one; `None` when neither.
+pub fn resources_archive(topology_file: &Path, dir: Option<&Path>) -> Result<Option<Vec<u8>>, String> {
+    let dir = match dir {
+        Some(d) if d.is_dir() => d.to_owned(),
+        Some(d) => return Err(format!("--resources {}: not a directory", d.display())),
+        None => {
+            let beside =
+                topology_file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            let d = beside.join(cluster_state::resources::DIR_NAME);
+            if !d.is_dir() {
+                return Ok(None);
+            }
+            d
+        }
+    };
+    let archive = cluster_state::resources::pack_dir(&dir).map_err(|e| e.to_string())?;
+    eprintln!("resources: {} ({} KiB packed)", dir.display(), archive.len().div_ceil(1024));
+    Ok(Some(archive))
+}
+
 async fn submit_once(
     client: &NimbusClient,
     cmd: &SubmitCommand,
     text: &str,
     binary: Option<&[u8]>,
+    resources: Option<&[u8]>,
 ) -> Result<(), ClientError> {
     {
         let topology_upload = client.upload(text.as_bytes(), |_| {}).await?;
@@ -197,9 +225,14 @@ async fn submit_once(
             }
             None => None,
         };
+        let resources_upload = match resources {
+            Some(bytes) => Some(client.upload(bytes, |_| {}).await?),
+            None => None,
+        };
         let request = SubmitTopology {
             topology_upload,
             worker_upload,
+            resources_upload,
             inactive: cmd.inactive,
             owner: std::env::var("USER").unwrap_or_default(),
         };

@@ -21,22 +21,18 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use cluster_state::api::{ClusterSummary, Route};
 use cluster_state::clock::now_secs;
-use cluster_state::coord::{Ensemble, Security, Session, SessionOptions, ZkAuth};
+use cluster_state::coord::{Ensemble, Session, SessionOptions};
 use cluster_state::ids::{ExecutorId, SupervisorId, TopologyId, WorkerSlot};
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{Assignment, StormBase, SupervisorInfo, WorkerHeartbeat, ZnodeData};
 use test_harness::ZkServer;
 use test_harness::eventually;
 use test_harness::prometheus::{Prometheus, encode};
-
-const SQUALL: &str = env!("CARGO_BIN_EXE_squall");
-/// The cluster's ZooKeeper credentials (`storm.zookeeper.auth.payload`).
-const ZK_AUTH: &str = "squall:cluster-test-secret";
 
 /// The Kafka-protocol broker of the end-to-end tests (tansu), shared with kafka-spout's tests.
 #[path = "../../kafka-spout/tests/support/tansu.rs"]
@@ -45,190 +41,10 @@ mod tansu;
 #[path = "../../kafka-spout/tests/support/traffic.rs"]
 mod traffic;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn pids_mentioning(marker: &str) -> Vec<i32> {
-    let mut pids = Vec::new();
-    let me = std::process::id() as i32;
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
-        if pid == me {
-            continue;
-        }
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
-            && String::from_utf8_lossy(&cmdline).contains(marker)
-        {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
-fn kill9(marker: &str) -> usize {
-    let pids = pids_mentioning(marker);
-    for pid in &pids {
-        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-    }
-    pids.len()
-}
-
-/// The cluster's processes; everything mentioning its root dir dies with it.
-struct Cluster {
-    root: tempfile::TempDir,
-    config: PathBuf,
-    zookeeper: String,
-    children: Vec<Child>,
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        kill9(&self.root.path().display().to_string());
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        // To study a run afterwards: every process's log (nimbus, supervisors, workers) is kept
-        // under `SQUALL_E2E_LOG_DIR/<test root>/` when that variable is set.
-        if let Some(keep) = std::env::var_os("SQUALL_E2E_LOG_DIR") {
-            let name = self.root.path().file_name().unwrap_or_default().to_owned();
-            keep_logs(self.root.path(), &PathBuf::from(keep).join(name));
-        }
-        if std::thread::panicking() {
-            for log in ["nimbus", "n1", "n2", "n3", "sup-a", "sup-b", "sup-c"] {
-                let path = self.root.path().join(format!("{log}.log"));
-                if let Ok(text) = std::fs::read_to_string(&path) {
-                    let tail: Vec<&str> = text.lines().rev().take(40).collect();
-                    eprintln!("--- {log}.log (last lines) ---");
-                    for line in tail.into_iter().rev() {
-                        eprintln!("{line}");
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Copies every `*.log` file under `from` to `to`, keeping the relative paths.
-fn keep_logs(from: &std::path::Path, to: &std::path::Path) {
-    let Ok(entries) = std::fs::read_dir(from) else { return };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            keep_logs(&path, &to.join(entry.file_name()));
-        } else if path.extension().is_some_and(|e| e == "log") {
-            let _ = std::fs::create_dir_all(to);
-            let _ = std::fs::copy(&path, to.join(entry.file_name()));
-        }
-    }
-}
-
-impl Cluster {
-    async fn new(test: &str) -> Cluster {
-        Cluster::on(ZkServer::shared().chroot(test).await)
-    }
-
-    /// A cluster over the ZooKeeper at `zookeeper` (a connect string, maybe with a chroot).
-    fn on(zookeeper: String) -> Cluster {
-        let root = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let nimbus = format!("127.0.0.1:{port}");
-        let config = root.path().join("cluster.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "# one file for every process of the test cluster\n\
-                 storm.zookeeper.session.timeout: 4000\n\
-                 storm.zookeeper.auth.scheme: digest\n\
-                 storm.zookeeper.auth.payload: \"{ZK_AUTH}\"\n\
-                 storm.local.hostname: 127.0.0.1\n\
-                 nimbus.monitor.freq.secs: 1\n\
-                 nimbus.task.timeout.secs: 10\n\
-                 nimbus.task.launch.secs: 30\n\
-                 nimbus.supervisor.timeout.secs: 5\n\
-                 nimbus.http.host: 127.0.0.1\n\
-                 nimbus.http.port: {port}\n\
-                 nimbus.http.address: {nimbus}\n\
-                 supervisor.monitor.frequency.secs: 1\n\
-                 supervisor.heartbeat.frequency.secs: 1\n\
-                 supervisor.worker.timeout.secs: 10\n\
-                 supervisor.worker.shutdown.sleep.secs: 1\n"
-            ),
-        )
-        .unwrap();
-        Cluster { root, config, zookeeper, children: Vec::new() }
-    }
-
-    fn dir(&self, name: &str) -> PathBuf {
-        self.root.path().join(name)
-    }
-
-    fn spawn(&mut self, log: &str, args: &[String]) {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir(&format!("{log}.log")))
-            .unwrap();
-        let child = Command::new(SQUALL)
-            .args(args)
-            .env("RUST_LOG", "info")
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .spawn()
-            .unwrap();
-        self.children.push(child);
-    }
-
-    fn daemon_args(&self, verb: &str, local: &str) -> Vec<String> {
-        vec![
-            verb.into(),
-            "--config".into(),
-            self.config.display().to_string(),
-            "--zookeeper".into(),
-            self.zookeeper.clone(),
-            "-c".into(),
-            format!("storm.local.dir={}", self.dir(local).display()),
-        ]
-    }
-
-    fn start_nimbus(&mut self) {
-        let args = self.daemon_args("nimbus", "nimbus");
-        self.spawn("nimbus", &args);
-    }
-
-    fn start_supervisor(&mut self, name: &str, ports: &[u16]) {
-        let mut args = self.daemon_args("supervisor", name);
-        let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
-        args.extend(["-c".into(), format!("supervisor.slots.ports=[{}]", ports.join(", "))]);
-        self.spawn(name, &args);
-    }
-
-    /// Runs a `squall` verb against nimbus.
-    fn squall(&self, args: &[&str]) -> Output {
-        Command::new(SQUALL)
-            .args(args)
-            .args(["--config", &self.config.display().to_string()])
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
-    }
-
-    /// A session with the cluster's credentials (Storm's layout is closed to anonymous ones).
-    async fn session(&self) -> Session {
-        let auth = ZkAuth::new("digest", ZK_AUTH).unwrap();
-        Ensemble::zookeeper(self.zookeeper.clone())
-            .with_security(Security::new(Some(auth), StormPaths::DEFAULT_ROOT))
-            .connect(&SessionOptions::default())
-            .await
-            .unwrap()
-    }
-}
-
-fn text(output: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
-}
+/// The cluster fixture, shared with `ui.rs`.
+#[path = "support/cluster.rs"]
+mod support;
+use support::{Cluster, SQUALL, free_port, kill9, pids_mentioning, text};
 
 async fn assignment(session: &Session, id: &TopologyId) -> Option<Assignment> {
     session.read::<Assignment>(&StormPaths::default().assignment(id)).await.ok().map(|(a, _)| a)
@@ -1371,4 +1187,66 @@ async fn a_nimbus_restart_does_not_reassign_executors_that_are_alive() {
     tokio::time::sleep(decided.saturating_sub(restarted.elapsed())).await;
     assert_eq!(assignment(&session, &id).await, Some(assigned), "no executor moved");
     assert_eq!(workers_reported(&cluster).await, Some(4));
+}
+
+/// Every `*.log` under `dir` (the daemons' and their workers' logs), concatenated.
+fn logs_under(dir: &Path) -> String {
+    let mut out = String::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return out };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.push_str(&logs_under(&path));
+        } else if path.extension().is_some_and(|e| e == "log") {
+            out.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_custom_worker_example_builds_and_runs_its_own_components_on_a_cluster() {
+    // Built as README.md says, into this build's target dir (up to date: a no-op but for the
+    // example itself).
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target = Path::new(SQUALL).parent().and_then(Path::parent).unwrap();
+    let built = Command::new(env!("CARGO"))
+        .args(["build", "-p", "custom-worker", "--locked"])
+        .current_dir(&workspace)
+        .env("CARGO_TARGET_DIR", target)
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{}", text(&built));
+    let binary = Path::new(SQUALL).with_file_name("custom-worker");
+    assert!(binary.is_file(), "{}", binary.display());
+
+    let mut cluster = Cluster::new("cluster_custom_worker").await;
+    cluster.start_nimbus();
+    cluster.start_supervisor("sup-a", &[free_port(), free_port()]);
+    cluster.start_supervisor("sup-b", &[free_port(), free_port()]);
+    let session = cluster.session().await;
+    supervisors(&session, 2).await;
+    let topology = workspace.join("examples/custom-worker/topology.yaml");
+    // The squall binary does not know the example's components: without its binary, refused.
+    let refused = cluster.squall(&["submit", topology.to_str().unwrap()]);
+    assert!(!refused.status.success() && text(&refused).contains("counting-spout"), "{}", text(&refused));
+    let submitted = eventually(Duration::from_secs(60), "nimbus to take the submit", || async {
+        let out = cluster.squall(&[
+            "submit",
+            topology.to_str().unwrap(),
+            "--worker-binary",
+            binary.to_str().unwrap(),
+        ]);
+        out.status.success().then(|| text(&out))
+    })
+    .await;
+    assert!(submitted.contains("Submitted topology fizzbuzz"), "{submitted}");
+    // The example's own bolt's output, printed by the built-in stdout sink in a worker's log:
+    // 15 is FizzBuzz whichever worker counted it.
+    let root = cluster.dir("");
+    eventually(Duration::from_secs(90), "the fizzbuzz bolt's output in a worker log", || async {
+        let logs = logs_under(&root);
+        (logs.contains("15\tFizzBuzz") && logs.contains("9\tFizz") && logs.contains("10\tBuzz")).then_some(())
+    })
+    .await;
 }

@@ -29,6 +29,8 @@ fn bad_config_files_are_refused_naming_the_key() {
         ("supervisor", "supervisor.slots.ports: []\n", "supervisor.slots.ports"),
         ("supervisor", "supervisor.monitor.frequency.secs: 0\n", "supervisor.monitor.frequency.secs"),
         ("supervisor", "storm.zookeeper.root: relative\n", "storm.zookeeper.root"),
+        ("supervisor", "worker.log.max.files: 0\n", "worker.log.max.files"),
+        ("supervisor", "worker.log.max.bytes: -1\n", "worker.log.max.bytes"),
         ("nimbus", "nimbus.monitor.freq.secs: \"often\"\n", "nimbus.monitor.freq.secs"),
         ("nimbus", "nimbus.unknown.key: 1\n", "nimbus.unknown.key"),
         ("nimbus", "- not\n- a map\n", "cluster.yaml"),

@@ -590,3 +590,36 @@ fn with_dual_storage_describe_shows_both_stores_and_a_reset_writes_both() {
     let out = rig.squall(&["describe", "--group", &rig.group, "--offsets-storage", "broker"]);
     assert!(!out.status.success() && text(&out).contains("zookeeper, kafka, dual"), "{}", text(&out));
 }
+
+/// Issue #19: an operator verb prints its result alone on stdout. Without `RUST_LOG` or `-v`,
+/// `squall offsets describe` writes its table and nothing else (no ZooKeeper or Kafka client
+/// chatter before it, on either stream); `-v` brings the info logs back on stderr only.
+#[test]
+fn describe_prints_only_its_table_unless_verbose() {
+    let rig = Rig::new("describe_quiet");
+    rig.produce(0..3);
+    rig.commit(&all(2));
+    let describe = |extra: &[&str]| {
+        Command::new(SQUALL)
+            .args(["offsets", "describe", "--group", &rig.group, "--topic", TOPIC])
+            .args(["--zookeeper", &rig.zookeeper, "--brokers", &rig.kafka.bootstrap_servers()])
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap()
+    };
+    let quiet = describe(&[]);
+    assert!(quiet.status.success(), "{}", text(&quiet));
+    let stdout = String::from_utf8(quiet.stdout.clone()).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines[0].starts_with("Group"), "the header comes first: {stdout}");
+    let rows: Vec<&str> = lines.iter().copied().filter(|l| l.starts_with(&rig.group)).collect();
+    assert_eq!(rows.len(), PARTITIONS as usize, "{stdout}");
+    assert!(rows.iter().all(|r| r.split_whitespace().nth(3) == Some("2")), "{stdout}");
+    assert!(!stdout.contains("INFO"), "{stdout}");
+    assert!(quiet.stderr.is_empty(), "stderr: {}", String::from_utf8_lossy(&quiet.stderr));
+    let verbose = describe(&["-v"]);
+    assert!(verbose.status.success(), "{}", text(&verbose));
+    assert_eq!(verbose.stdout, quiet.stdout, "-v changes stderr only");
+    assert!(String::from_utf8_lossy(&verbose.stderr).contains("INFO"), "{}", text(&verbose));
+}

@@ -60,7 +60,9 @@ fn logs(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
         let path = entry.path();
         if path.is_dir() {
             logs(&path, out);
-        } else if path.extension().is_some_and(|e| e == "log") {
+        } else if path.extension().is_some_and(|e| e == "log")
+            || path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("worker.log"))
+        {
             out.push((path.clone(), String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned()));
         }
     }
@@ -222,7 +224,12 @@ async fn with_credentials_zookeeper_code_secrets_and_files_are_closed_to_strange
     // No log of nimbus, the supervisor or the worker has the password (nor ZooKeeper's).
     let mut all = Vec::new();
     logs(root.path(), &mut all);
-    assert!(all.iter().any(|(p, _)| p.to_string_lossy().contains("worker-")), "a worker log: {all:?}");
+    // The worker's, at Storm's place: `workers-artifacts/<topology-id>/<port>/worker.log*`.
+    let names: Vec<&PathBuf> = all.iter().map(|(p, _)| p).collect();
+    assert!(
+        names.iter().any(|p| p.to_string_lossy().contains("workers-artifacts")),
+        "a worker log: {names:?}"
+    );
     for (path, text) in &all {
         assert!(!text.contains(PASSWORD), "{} has the SASL password", path.display());
         assert!(!text.contains("zk-pw-4321"), "{} has the ZooKeeper password", path.display());

@@ -20,11 +20,22 @@ pub enum CodeFile {
     /// authenticate each other (mode 0600 wherever it is stored; never in ZooKeeper, which
     /// anonymous clients can read).
     Secret,
+    /// The files of the topology's shell components (scripts, requirement lists, data), a tar
+    /// archive (`crate::resources`), Storm's `resources/` in the jar; optional. Supervisors
+    /// unpack it to `resources/` beside it, the shell components' working directory.
+    Resources,
 }
 
 impl CodeFile {
     /// Every code file.
-    pub const ALL: [CodeFile; 3] = [CodeFile::Topology, CodeFile::WorkerBinary, CodeFile::Secret];
+    pub const ALL: [CodeFile; 4] =
+        [CodeFile::Topology, CodeFile::WorkerBinary, CodeFile::Secret, CodeFile::Resources];
+
+    /// Whether a topology may lack this file: its own worker binary and resources are
+    /// optional, and topologies submitted before secrets existed have none.
+    pub fn is_optional(self) -> bool {
+        !matches!(self, CodeFile::Topology)
+    }
 
     /// The file name under `stormdist/<topology-id>/`, also its name in the HTTP API.
     pub fn file_name(self) -> &'static str {
@@ -32,6 +43,7 @@ impl CodeFile {
             CodeFile::Topology => "topology.yaml",
             CodeFile::WorkerBinary => "worker",
             CodeFile::Secret => "topology.secret",
+            CodeFile::Resources => "resources.tar",
         }
     }
 }
@@ -48,7 +60,7 @@ impl FromStr for CodeFile {
         CodeFile::ALL.into_iter().find(|f| f.file_name() == s).ok_or_else(|| IdError {
             kind: "code file",
             value: s.chars().take(80).collect(),
-            rule: "must be one of topology.yaml, worker, topology.secret",
+            rule: "must be one of topology.yaml, worker, topology.secret, resources.tar",
         })
     }
 }

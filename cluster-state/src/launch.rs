@@ -8,8 +8,8 @@
 //!
 //! Compatibility: the flags are those `squall worker` has always accepted, because a user's
 //! worker binary built against an older `worker` crate gets the same command line. The
-//! ZooKeeper timeouts came later, so they are written only when they differ from Storm's
-//! defaults: an older binary keeps working on a cluster that keeps the defaults, and on one
+//! ZooKeeper timeouts and the log rotation (`--log-max-bytes`, `--log-max-files`) came later,
+//! so they are written only when they differ from their defaults: an older binary keeps working on a cluster that keeps the defaults, and on one
 //! that does not it refuses the flag by name instead of running with the wrong timeout. The
 //! `/metrics` TLS files (`worker.metrics.tls.*`) came later still and are written only when set,
 //! with the same consequence.
@@ -37,6 +37,7 @@ use crate::coord::SessionOptions;
 pub use crate::ids::WorkerId;
 use crate::ids::{SupervisorId, TopologyId};
 use crate::paths::StormPaths;
+use crate::worker_logs;
 
 /// The verb before the flags: `squall` dispatches on it, and users' worker binaries are
 /// started the same way.
@@ -82,6 +83,11 @@ pub struct WorkerLaunch {
     pub zookeeper_session_timeout_ms: u64,
     /// `--zookeeper-connection-timeout-ms`: the cluster's `storm.zookeeper.connection.timeout`.
     pub zookeeper_connection_timeout_ms: u64,
+    /// `--log-max-bytes`: `worker.log.max.bytes`, the size at which `worker.log` rotates.
+    pub log_max_bytes: u64,
+    /// `--log-max-files`: `worker.log.max.files`, how many log files are kept (the live one
+    /// included).
+    pub log_max_files: u32,
     /// `--metrics-tls-cert`, `--metrics-tls-key`, `--metrics-tls-client-ca`: the cluster's
     /// `worker.metrics.tls.cert` / `.key` / `.client.ca`, which make the worker's `/metrics`
     /// HTTPS only (`None`: plain HTTP).
@@ -128,13 +134,15 @@ enum Flag {
     BindHost,
     SessionTimeout,
     ConnectionTimeout,
+    LogMaxBytes,
+    LogMaxFiles,
     MetricsTlsCert,
     MetricsTlsKey,
     MetricsTlsClientCa,
 }
 
 impl Flag {
-    const ALL: [Flag; 15] = [
+    const ALL: [Flag; 17] = [
         Flag::TopologyId,
         Flag::SupervisorId,
         Flag::Port,
@@ -147,6 +155,8 @@ impl Flag {
         Flag::BindHost,
         Flag::SessionTimeout,
         Flag::ConnectionTimeout,
+        Flag::LogMaxBytes,
+        Flag::LogMaxFiles,
         Flag::MetricsTlsCert,
         Flag::MetricsTlsKey,
         Flag::MetricsTlsClientCa,
@@ -166,6 +176,8 @@ impl Flag {
             Flag::BindHost => "--bind-host",
             Flag::SessionTimeout => "--zookeeper-session-timeout-ms",
             Flag::ConnectionTimeout => "--zookeeper-connection-timeout-ms",
+            Flag::LogMaxBytes => "--log-max-bytes",
+            Flag::LogMaxFiles => "--log-max-files",
             Flag::MetricsTlsCert => "--metrics-tls-cert",
             Flag::MetricsTlsKey => "--metrics-tls-key",
             Flag::MetricsTlsClientCa => "--metrics-tls-client-ca",
@@ -200,6 +212,8 @@ impl WorkerLaunch {
             bind_host: DEFAULT_BIND_HOST.to_owned(),
             zookeeper_session_timeout_ms: DEFAULT_SESSION_TIMEOUT_MS,
             zookeeper_connection_timeout_ms: DEFAULT_CONNECTION_TIMEOUT_MS,
+            log_max_bytes: worker_logs::DEFAULT_MAX_BYTES,
+            log_max_files: worker_logs::DEFAULT_MAX_FILES,
             metrics_tls_cert: None,
             metrics_tls_key: None,
             metrics_tls_client_ca: None,
@@ -209,6 +223,11 @@ impl WorkerLaunch {
     /// The ZooKeeper connect string the worker uses.
     pub fn zookeeper_connect(&self) -> &str {
         self.zookeeper.as_deref().unwrap_or(DEFAULT_ZOOKEEPER)
+    }
+
+    /// How the worker's `worker.log` rotates.
+    pub fn log_rotation(&self) -> worker_logs::LogRotation {
+        worker_logs::LogRotation { max_bytes: self.log_max_bytes, max_files: self.log_max_files }
     }
 
     /// How the worker opens its ZooKeeper session: the cluster's timeouts.
@@ -251,6 +270,9 @@ impl WorkerLaunch {
             Flag::ConnectionTimeout => {
                 timeout(self.zookeeper_connection_timeout_ms, DEFAULT_CONNECTION_TIMEOUT_MS)
             }
+            Flag::LogMaxBytes => timeout(self.log_max_bytes, worker_logs::DEFAULT_MAX_BYTES),
+            Flag::LogMaxFiles => (self.log_max_files != worker_logs::DEFAULT_MAX_FILES)
+                .then(|| self.log_max_files.to_string().into()),
             Flag::MetricsTlsCert => self.metrics_tls_cert.clone().map(OsString::from),
             Flag::MetricsTlsKey => self.metrics_tls_key.clone().map(OsString::from),
             Flag::MetricsTlsClientCa => self.metrics_tls_client_ca.clone().map(OsString::from),
@@ -326,6 +348,19 @@ impl WorkerLaunch {
         }
         if let Some(v) = take(Flag::ConnectionTimeout) {
             launch.zookeeper_connection_timeout_ms = millis(Flag::ConnectionTimeout, v)?;
+        }
+        if let Some(v) = take(Flag::LogMaxBytes) {
+            launch.log_max_bytes = millis(Flag::LogMaxBytes, v)?;
+        }
+        if let Some(v) = take(Flag::LogMaxFiles) {
+            launch.log_max_files = typed(Flag::LogMaxFiles, v)?;
+            if launch.log_max_files == 0 {
+                return Err(LaunchArgsError::BadValue {
+                    flag: Flag::LogMaxFiles.name(),
+                    value: "0".into(),
+                    reason: "at least 1 file is kept".into(),
+                });
+            }
         }
         launch.metrics_tls_cert = take(Flag::MetricsTlsCert).map(PathBuf::from);
         launch.metrics_tls_key = take(Flag::MetricsTlsKey).map(PathBuf::from);

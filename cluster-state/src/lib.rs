@@ -32,6 +32,8 @@
 //! - [`files`]: owner-only files (`0600`) and directories (`0700`), how Squall writes to disk.
 //! - [`tls`]: TLS settings (server certificate and key, client CA for mutual TLS; a client's
 //!   CA and certificate) loaded with rustls, errors naming the config key and file.
+//! - [`worker_logs`]: where a worker's log lives (Storm's
+//!   `workers-artifacts/<topology-id>/<port>/worker.log`) and its size-rotated file.
 //! - [`secrets`]: which topology params are secrets, and redaction of their values from API
 //!   answers, reported errors and logs.
 
@@ -49,8 +51,10 @@ pub mod launch;
 pub mod layout;
 pub mod metrics;
 pub mod paths;
+pub mod resources;
 pub mod secrets;
 pub mod signal;
 pub mod structure;
 pub mod tls;
+pub mod worker_logs;
 pub mod znode;

@@ -181,6 +181,143 @@ fn executors_of(shape: &ComponentShape, asked: Option<u32>) -> u32 {
     asked.unwrap_or(shape.executors).clamp(1, shape.tasks.max(1))
 }
 
+/// Whether a component is a spout or a bolt (Storm UI's `componentType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComponentKind {
+    Spout,
+    Bolt,
+}
+
+impl ComponentKind {
+    /// Storm UI's lower-case word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ComponentKind::Spout => "spout",
+            ComponentKind::Bolt => "bolt",
+        }
+    }
+}
+
+/// One stream of a topology file: `from` feeds `to` on `stream` with `grouping`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamEdge {
+    pub from: ComponentId,
+    pub to: ComponentId,
+    /// The stream id (`default` unless the grouping names one).
+    pub stream: String,
+    /// The grouping in Storm's lower-case Thrift field names (`shuffle`, `fields`,
+    /// `local_or_shuffle`, ...; Flux's `GLOBAL` is `global`).
+    pub grouping: String,
+}
+
+/// What the UI shows of a topology's definition: its components by kind, its streams and its
+/// `config` section, read from the Flux file without resolving classes (as
+/// [`TopologyStructure::from_flux`]). Secret config values are replaced by
+/// [`crate::secrets::REDACTED`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TopologyGraph {
+    pub components: BTreeMap<ComponentId, ComponentKind>,
+    pub streams: Vec<StreamEdge>,
+    /// The file's `config` section (Storm's keys), secrets redacted.
+    pub config: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct GraphFile {
+    #[serde(default)]
+    config: BTreeMap<String, serde_json::Value>,
+    #[serde(default)]
+    spouts: Vec<GraphComponent>,
+    #[serde(default)]
+    bolts: Vec<GraphComponent>,
+    #[serde(default)]
+    streams: Vec<GraphStream>,
+}
+
+#[derive(Deserialize)]
+struct GraphComponent {
+    id: String,
+}
+
+#[derive(Deserialize)]
+struct GraphStream {
+    from: String,
+    to: String,
+    grouping: GraphGrouping,
+}
+
+#[derive(Deserialize)]
+struct GraphGrouping {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(rename = "streamId", default)]
+    stream_id: Option<String>,
+}
+
+/// Storm's default stream id.
+pub const DEFAULT_STREAM: &str = "default";
+
+impl TopologyGraph {
+    /// Reads components, streams and config of a Flux file. A stream naming a component the
+    /// file does not declare is an error naming the stream.
+    pub fn from_flux(text: &str) -> Result<TopologyGraph, StructureError> {
+        let file: GraphFile = serde_yaml_ng::from_str(text).map_err(|e| {
+            let at = e.location().map_or_else(|| "YAML".to_owned(), |l| format!("line {}", l.line()));
+            StructureError::new(at, e.to_string())
+        })?;
+        let mut components = BTreeMap::new();
+        for (section, list, kind) in
+            [("spouts", &file.spouts, ComponentKind::Spout), ("bolts", &file.bolts, ComponentKind::Bolt)]
+        {
+            for (i, c) in list.iter().enumerate() {
+                let id = ComponentId::new(&c.id)
+                    .map_err(|e| StructureError::new(format!("{section}[{i}]"), e.to_string()))?;
+                components.insert(id, kind);
+            }
+        }
+        let mut streams = Vec::new();
+        for (i, s) in file.streams.iter().enumerate() {
+            let element = format!("streams[{i}]");
+            let known = |name: &str| {
+                ComponentId::new(name)
+                    .ok()
+                    .filter(|c| components.contains_key(c))
+                    .ok_or_else(|| StructureError::new(&element, format!("no component {name:?}")))
+            };
+            streams.push(StreamEdge {
+                from: known(&s.from)?,
+                to: known(&s.to)?,
+                stream: s.grouping.stream_id.clone().unwrap_or_else(|| DEFAULT_STREAM.to_owned()),
+                grouping: s.grouping.kind.to_ascii_lowercase(),
+            });
+        }
+        let listed: Vec<String> = match file.config.get(crate::secrets::SECRET_KEYS_KEY) {
+            Some(serde_json::Value::Array(keys)) => {
+                keys.iter().filter_map(|k| k.as_str().map(str::to_owned)).collect()
+            }
+            _ => Vec::new(),
+        };
+        let config = file
+            .config
+            .into_iter()
+            .map(|(key, value)| {
+                let value = if crate::secrets::is_secret_key(&key, &listed) {
+                    serde_json::Value::String(crate::secrets::REDACTED.to_owned())
+                } else {
+                    value
+                };
+                (key, value)
+            })
+            .collect();
+        Ok(TopologyGraph { components, streams, config })
+    }
+
+    /// The streams into `component`.
+    pub fn inputs<'a>(&'a self, component: &'a ComponentId) -> impl Iterator<Item = &'a StreamEdge> + 'a {
+        self.streams.iter().filter(move |s| &s.to == component)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,5 +398,38 @@ streams:
             let err = TopologyStructure::from_flux(text).unwrap_err().to_string();
             assert!(err.contains(expected), "{text:?}: {err}");
         }
+    }
+
+    #[test]
+    fn the_graph_has_kinds_streams_and_redacted_config() {
+        let text = format!(
+            "{WORDCOUNT}  - {{from: split, to: count, grouping: {{type: FIELDS, args: [word], streamId: words}}}}\n"
+        );
+        let text = text.replace(
+            "topology.max.spout.pending: 1000",
+            "topology.max.spout.pending: 1000\n  kafka.password: hunter22\n  my.key: v\n  topology.secret.keys: [my.key]",
+        );
+        let g = TopologyGraph::from_flux(&text).unwrap();
+        let kinds: Vec<(&str, &str)> = g.components.iter().map(|(c, k)| (c.as_str(), k.as_str())).collect();
+        assert_eq!(kinds, [("count", "bolt"), ("sentences", "spout"), ("split", "bolt")]);
+        assert_eq!(g.streams.len(), 2);
+        assert_eq!(
+            g.streams[1],
+            StreamEdge {
+                from: c("split"),
+                to: c("count"),
+                stream: "words".into(),
+                grouping: "fields".into()
+            }
+        );
+        assert_eq!(g.streams[0].stream, DEFAULT_STREAM);
+        assert_eq!(g.inputs(&c("count")).count(), 1);
+        assert_eq!(g.config["topology.max.spout.pending"], serde_json::json!(1000));
+        assert_eq!(g.config["kafka.password"], serde_json::json!(crate::secrets::REDACTED));
+        assert_eq!(g.config["my.key"], serde_json::json!(crate::secrets::REDACTED));
+        let bad = TopologyGraph::from_flux(
+            "name: t\nbolts: [{id: b}]\nstreams: [{from: x, to: b, grouping: {type: SHUFFLE}}]",
+        );
+        assert!(bad.unwrap_err().to_string().contains("streams[0]: no component \"x\""));
     }
 }

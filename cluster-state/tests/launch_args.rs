@@ -49,6 +49,8 @@ fn golden_argv_with_everything_set() {
     launch.bind_host = "10.0.0.7".into();
     launch.zookeeper_session_timeout_ms = 7000;
     launch.zookeeper_connection_timeout_ms = 3000;
+    launch.log_max_bytes = 1_048_576;
+    launch.log_max_files = 4;
     launch.metrics_tls_cert = Some("/etc/squall/tls/worker.pem".into());
     launch.metrics_tls_key = Some("/etc/squall/tls/worker.key".into());
     launch.metrics_tls_client_ca = Some("/etc/squall/tls/ca.pem".into());
@@ -57,6 +59,7 @@ fn golden_argv_with_everything_set() {
                 --topology-file /var/storm/supervisor/stormdist/wc-1-1700000000/topology.yaml \
                 --local-dir /var/storm --hostname host1.example --bind-host 10.0.0.7 \
                 --zookeeper-session-timeout-ms 7000 --zookeeper-connection-timeout-ms 3000 \
+                --log-max-bytes 1048576 --log-max-files 4 \
                 --metrics-tls-cert /etc/squall/tls/worker.pem --metrics-tls-key /etc/squall/tls/worker.key \
                 --metrics-tls-client-ca /etc/squall/tls/ca.pem";
     assert_eq!(strings(&launch.to_args()).join(" "), line);
@@ -107,6 +110,8 @@ fn bad_command_lines_name_the_flag() {
             "--zookeeper-session-timeout-ms \"0\": must be at least 1",
         ),
         (&format!("{base} --zookeeper-connection-timeout-ms 1s"), "--zookeeper-connection-timeout-ms \"1s\""),
+        (&format!("{base} --log-max-files 0"), "--log-max-files \"0\": at least 1 file is kept"),
+        (&format!("{base} --log-max-bytes 0"), "--log-max-bytes \"0\": must be at least 1"),
         (&format!("{base} --port 6701"), "--port is given more than once"),
         (&format!("{base} --hostname"), "--hostname needs a value"),
         (&format!("{base} --nimbus x"), "unknown worker argument \"--nimbus\""),

@@ -67,6 +67,8 @@ pub struct SubmitRequest {
     pub topology: UploadId,
     /// A finished upload holding the user's worker binary, if any.
     pub worker_binary: Option<UploadId>,
+    /// The finished upload of the shell components' resources archive, if any.
+    pub resources: Option<UploadId>,
     /// Start deactivated (`squall submit --inactive`).
     pub inactive: bool,
     /// Who submits (recorded in the base).
@@ -234,6 +236,9 @@ impl Assigner {
         // topology file was moved.
         if let Some(upload) = request.worker_binary {
             self.code.install_id(upload, &id, CodeFile::WorkerBinary).await?;
+        }
+        if let Some(upload) = request.resources {
+            self.code.install_id(upload, &id, CodeFile::Resources).await?;
         }
         self.code.install_id(request.topology, &id, CodeFile::Topology).await?;
         // The secret its workers authenticate each other with: a code file, not a znode.

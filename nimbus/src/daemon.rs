@@ -29,6 +29,7 @@ use crate::limits::TopologyLimits;
 use crate::liveness::Timeouts;
 use crate::metrics::NimbusMetrics;
 use crate::transitions::{DeadlineTimers, Transitions};
+use cluster_state::api::ClusterConfiguration;
 use cluster_state::clock::now_secs;
 use cluster_state::znode::NimbusSummary;
 
@@ -333,6 +334,28 @@ impl NimbusConfig {
         }
     }
 
+    /// The configuration as `GET /api/v1/cluster/configuration` shows it: every key with
+    /// Storm's name, secrets (`nimbus.http.token`) replaced by `<redacted>`.
+    pub fn ui_configuration(&self) -> ClusterConfiguration {
+        let map = match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        };
+        ClusterConfiguration(
+            map.into_iter()
+                .map(|(key, value)| {
+                    let secret = cluster_state::secrets::is_secret_key(&key, &[]) && !value.is_null();
+                    let value = if secret {
+                        serde_json::Value::String(cluster_state::secrets::REDACTED.to_owned())
+                    } else {
+                        value
+                    };
+                    (key, value)
+                })
+                .collect(),
+        )
+    }
+
     /// `<storm.local.dir>/nimbus`.
     pub fn nimbus_dir(&self) -> PathBuf {
         self.local_dir.join("nimbus")
@@ -453,12 +476,13 @@ pub async fn serve(
         ..Default::default()
     };
     let code = CodeStore::open(config.nimbus_dir(), limits).await?;
+    let lag_metrics = LagMetrics::register(registry, &config.lag_cluster)?;
     let lag = LagMonitor::new(
         session.clone(),
         config.lag_paths()?,
         config.lag_settings(),
         Some(code.clone()),
-        LagMetrics::register(registry, &config.lag_cluster)?,
+        lag_metrics.clone(),
     );
     let timeouts = MonitorTimeouts {
         tasks: Timeouts {
@@ -521,6 +545,9 @@ pub async fn serve(
         nimbus_start_secs: start_secs,
         leadership: leadership.clone(),
         replicator: Some(replicator.clone()),
+        lag: Some(lag_metrics),
+        kafka_paths: config.lag_paths()?,
+        cluster_configuration: config.ui_configuration(),
     });
     if let Ok(address) = listener.local_addr() {
         let scheme = if config.http_tls_cert.is_some() { "https" } else { "http" };

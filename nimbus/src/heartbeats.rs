@@ -18,9 +18,10 @@ use std::sync::{Mutex, PoisonError};
 
 use cluster_state::api::{SupervisorHeartbeat, WorkerReport};
 use cluster_state::ids::{ExecutorId, SupervisorId, TopologyId, WorkerSlot};
-use cluster_state::znode::SupervisorInfo;
+use cluster_state::znode::{ExecutorStats, SupervisorInfo};
 
 use crate::state::WorkerEndpoint;
+use crate::stats::{StatsHistory, WorkerStats};
 
 /// What nimbus remembers of one supervisor's latest heartbeat.
 #[derive(Debug, Clone)]
@@ -36,6 +37,8 @@ struct SupervisorBeat {
 #[derive(Debug, Default)]
 pub struct HeartbeatStore {
     supervisors: Mutex<HashMap<SupervisorId, SupervisorBeat>>,
+    /// The executors' counters over the last ten minutes, for the UI's `600` window.
+    history: Mutex<StatsHistory>,
 }
 
 impl HeartbeatStore {
@@ -47,6 +50,20 @@ impl HeartbeatStore {
     /// Records `beat` (validated by the caller), replacing that supervisor's previous one.
     /// Returns how many workers it reported.
     pub fn record(&self, beat: SupervisorHeartbeat) -> usize {
+        self.record_at(beat, cluster_state::clock::now_secs())
+    }
+
+    /// [`HeartbeatStore::record`] at `now_secs` on nimbus's clock (when the counters were seen).
+    pub fn record_at(&self, beat: SupervisorHeartbeat, now_secs: u64) -> usize {
+        {
+            let mut history = self.history.lock().unwrap_or_else(PoisonError::into_inner);
+            for worker in &beat.workers {
+                let stats: Vec<ExecutorStats> =
+                    worker.executor_stats.iter().map(ExecutorStats::from).collect();
+                history.record(&worker.topology_id, &stats, now_secs);
+            }
+            history.forget_stale(now_secs);
+        }
         let workers = beat.workers.len();
         let entry = SupervisorBeat {
             time_secs: beat.time_secs,
@@ -90,6 +107,31 @@ impl HeartbeatStore {
             }
         }
         out
+    }
+
+    /// The latest reports of `topology`'s workers, with their executors' counters.
+    pub fn topology_workers(&self, topology: &TopologyId) -> Vec<WorkerStats> {
+        let mut out = Vec::new();
+        for (supervisor, beat) in self.lock().iter() {
+            for worker in beat.workers.iter().filter(|w| &w.topology_id == topology) {
+                out.push(WorkerStats {
+                    slot: WorkerSlot { node: supervisor.clone(), port: worker.port },
+                    uptime_secs: worker.uptime_secs,
+                    executors: worker.executor_stats.iter().map(ExecutorStats::from).collect(),
+                });
+            }
+        }
+        out.sort_by(|a, b| a.slot.cmp(&b.slot));
+        out
+    }
+
+    /// Where `topology`'s executors' ten-minute window starts (see [`StatsHistory`]).
+    pub fn window_starts(
+        &self,
+        topology: &TopologyId,
+        now_secs: u64,
+    ) -> HashMap<ExecutorId, (ExecutorStats, u64)> {
+        self.history.lock().unwrap_or_else(PoisonError::into_inner).window_starts(topology, now_secs)
     }
 
     /// The metrics endpoints the reported workers published.

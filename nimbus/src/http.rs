@@ -23,16 +23,22 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cluster_state::api::{
-    self, BeginUpload, BodyError, ChunkReceived, ClusterSummary, ErrorBody, FinishUpload, HeartbeatAccepted,
-    NimbusSummaries, NimbusSummaryView, Operation, RebalanceRequest, Route, RouteError, SubmitTopology,
-    Submitted, SupervisorHeartbeat, SupervisorSummaries, TargetGroup, TopologyDetail, TopologyError,
-    TopologyErrors, TopologyOperation, TopologySummaries, UploadBegun, UploadFinished, UploadId,
+    self, BeginUpload, BodyError, ChunkReceived, ClusterConfiguration, ClusterSummary, ComponentPage,
+    ConsumerGroupDetail, ConsumerGroups, ErrorBody, FinishUpload, HeartbeatAccepted, NimbusSummaries,
+    NimbusSummaryView, Operation, RebalanceRequest, ResetPlan, ResetPlanRequest, Route, RouteError,
+    StatsWindow, SubmitTopology, Submitted, SupervisorHeartbeat, SupervisorSummaries, TargetGroup,
+    TopologyDetail, TopologyError, TopologyErrors, TopologyOperation, TopologySummaries, UploadBegun,
+    UploadFinished, UploadId, Visualization,
 };
 use cluster_state::code::CodeFile;
 use cluster_state::coord;
 use cluster_state::http::{Peer, ServeOptions};
 use cluster_state::ids::TopologyId;
+use cluster_state::ids::{ComponentId, GroupId};
+use cluster_state::layout::TaskLayout;
+use cluster_state::paths::KafkaPaths;
 use cluster_state::secrets;
+use cluster_state::structure::{TopologyGraph, TopologyStructure};
 use cluster_state::znode::NimbusSummary;
 use futures::TryStreamExt;
 use http_body_util::combinators::BoxBody;
@@ -48,10 +54,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::assigner::{Assigner, SubmitError, SubmitRequest};
 use crate::code_store::CodeStoreError;
+use crate::lag::LagMetrics;
 use crate::leader::{self, Leadership, Replicator};
 use crate::lifecycle::{Event, LifecycleError};
 use crate::state;
+use crate::stats::{TopologyInputs, WorkerStats};
 use crate::transitions::{Applied, TimerHandle, TransitionError, Transitions};
+use crate::ui;
 use cluster_state::clock::now_secs;
 
 /// The header carrying a code file's SHA-256 (lowercase hex) on download.
@@ -121,6 +130,12 @@ pub struct ApiState {
     pub leadership: Leadership,
     /// Code replication, for a submit to wait for `min_replication_count` copies (none: no wait).
     pub replicator: Option<Replicator>,
+    /// The lag evaluator's latest report, for the consumer-group pages (none: no evaluator).
+    pub lag: Option<LagMetrics>,
+    /// The consumer registry the lag evaluator reads (`squall.lag.zookeeper.chroot`).
+    pub kafka_paths: KafkaPaths,
+    /// `GET /api/v1/cluster/configuration`, secrets redacted.
+    pub cluster_configuration: ClusterConfiguration,
 }
 
 type Body = BoxBody<Bytes, io::Error>;
@@ -295,13 +310,14 @@ fn error_response(e: ApiError) -> Response<Body> {
 async fn handle(state: &ApiState, request: Request<Incoming>) -> Response<Body> {
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
-    let response = match dispatch(state, request).await {
+    let mut response = match dispatch(state, request).await {
         Ok(response) => response,
         Err(e) => {
             tracing::debug!(%method, %path, status = %e.status, "request refused: {}", e.message);
             error_response(e)
         }
     };
+    ui::add_security_headers(response.headers_mut());
     state.transitions.metrics().response(response.status().as_u16());
     response
 }
@@ -327,6 +343,14 @@ async fn dispatch(state: &ApiState, request: Request<Incoming>) -> Result<Respon
         let (parts, body) = response.into_parts();
         return Ok(Response::from_parts(parts, body.map_err(|never| match never {}).boxed()));
     }
+    if let Some(asset) = ui::Asset::at(&path) {
+        return match *request.method() {
+            Method::GET | Method::HEAD => Ok(asset.response(request.method() == Method::GET).map(full)),
+            ref other => Err(wrong_method(&path, &Method::GET, other)),
+        };
+    }
+    let window =
+        || api::window_from_query(request.uri().query()).map_err(|e| ApiError::bad_request(e.to_string()));
     let (wanted, route) = match Route::parse(&path) {
         Ok(route) => (route.method(), Ok(route)),
         Err(RouteError::NoSuchResource { path }) => {
@@ -372,7 +396,17 @@ async fn dispatch(state: &ApiState, request: Request<Incoming>) -> Result<Respon
             let own = request.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or_default();
             ok(&prometheus_targets(state, own).await?)
         }
-        Route::Topology(id) => ok(&topology(state, &id).await?),
+        Route::ClusterConfiguration => ok(&state.cluster_configuration),
+        Route::Topology(id) => ok(&topology(state, &id, window()?).await?),
+        Route::Component(id, component) => ok(&component_page(state, &id, &component, window()?).await?),
+        Route::Visualization(id) => ok(&visualization(state, &id).await?),
+        Route::ConsumerGroups => ok(&consumer_groups(state)),
+        Route::ConsumerGroup(group) => ok(&consumer_group(state, &group).await?),
+        Route::ResetPlan(group) => {
+            let body: ResetPlanRequest = json_body(request, json_limit).await?;
+            body.validate()?;
+            ok(&reset_plan(state, &group, &body).await?)
+        }
         Route::TopologyErrors(id) => ok(&topology_errors(state, &id).await?),
         Route::Code(id, file) => code(state, &id, file).await,
         Route::Submit => {
@@ -490,8 +524,168 @@ async fn prometheus_targets(state: &ApiState, own: &str) -> Result<Vec<TargetGro
     Ok(crate::views::discovery_targets(own, state.config.https, &snapshot, &endpoints))
 }
 
-async fn topology(state: &ApiState, id: &TopologyId) -> Result<TopologyDetail, ApiError> {
-    snapshot(state).await?.topology_detail(id).ok_or_else(|| unknown_topology(id))
+/// What the topology, component and graph pages are computed from (see [`crate::stats`]).
+struct PageData {
+    snapshot: crate::views::ClusterSnapshot,
+    graph: TopologyGraph,
+    layout: TaskLayout,
+    workers: Vec<WorkerStats>,
+    window_starts:
+        std::collections::HashMap<cluster_state::ids::ExecutorId, (cluster_state::znode::ExecutorStats, u64)>,
+    errors: Vec<TopologyError>,
+    now_secs: u64,
+}
+
+impl PageData {
+    fn inputs<'a>(&'a self, id: &'a TopologyId) -> Option<TopologyInputs<'a>> {
+        Some(TopologyInputs {
+            id,
+            base: self.snapshot.storms.get(id)?,
+            assignment: self.snapshot.assignments.get(id),
+            supervisors: &self.snapshot.supervisors,
+            layout: &self.layout,
+            graph: &self.graph,
+            workers: &self.workers,
+            window_starts: &self.window_starts,
+            errors: &self.errors,
+            now_secs: self.now_secs,
+        })
+    }
+}
+
+/// Reads a topology's file, stats and errors. The file is nimbus's copy (a follower's replica):
+/// without it (not yet replicated) the pages show no components rather than fail.
+async fn page_data(state: &ApiState, id: &TopologyId) -> Result<PageData, ApiError> {
+    let t = &state.transitions;
+    let snapshot = snapshot(state).await?;
+    let base = snapshot.storms.get(id).ok_or_else(|| unknown_topology(id))?;
+    let file = t.code().topology_dir(id).join(CodeFile::Topology.file_name());
+    let text = match tokio::fs::read_to_string(&file).await {
+        Ok(text) => text,
+        Err(e) => {
+            tracing::warn!(topology = %id, "no topology file for the UI's pages: {e}");
+            String::new()
+        }
+    };
+    let graph = TopologyGraph::from_flux(&text).unwrap_or_default();
+    let mut layout =
+        TopologyStructure::from_flux(&text).map(|s| s.layout(&base.component_executors)).unwrap_or_default();
+    if let Some(assignment) = snapshot.assignments.get(id)
+        && let Ok(assigned) = layout.with_executors(assignment.executors.iter().map(|e| e.executor))
+    {
+        layout = assigned;
+    }
+    let now_secs = now_secs();
+    let heartbeats = state.assigner.heartbeats();
+    let mut workers = heartbeats.topology_workers(id);
+    if workers.is_empty() {
+        // A follower, or a leader that has just taken over: the throttled workerbeats.
+        let read = state::read_workerbeats(t.session(), t.paths(), id).await?;
+        t.metrics().garbage_znodes.inc_by(read.skipped.len() as u64);
+        workers = read
+            .value
+            .into_iter()
+            .map(|(slot, beat)| WorkerStats {
+                slot,
+                uptime_secs: beat.uptime_secs,
+                executors: beat.executor_stats,
+            })
+            .collect();
+    }
+    let window_starts = heartbeats.window_starts(id, now_secs);
+    let errors = topology_errors(state, id).await?.errors;
+    Ok(PageData { snapshot, graph, layout, workers, window_starts, errors, now_secs })
+}
+
+async fn topology(
+    state: &ApiState,
+    id: &TopologyId,
+    window: StatsWindow,
+) -> Result<TopologyDetail, ApiError> {
+    let data = page_data(state, id).await?;
+    let mut detail = data.snapshot.topology_detail(id).ok_or_else(|| unknown_topology(id))?;
+    if let Some(inputs) = data.inputs(id) {
+        crate::stats::fill_topology(&mut detail, &inputs, window);
+    }
+    Ok(detail)
+}
+
+async fn component_page(
+    state: &ApiState,
+    id: &TopologyId,
+    component: &ComponentId,
+    window: StatsWindow,
+) -> Result<ComponentPage, ApiError> {
+    let data = page_data(state, id).await?;
+    data.inputs(id)
+        .and_then(|inputs| crate::stats::component_page(&inputs, component, window))
+        .ok_or_else(|| ApiError::not_found(format!("topology {id} has no spout or bolt {component}")))
+}
+
+async fn visualization(state: &ApiState, id: &TopologyId) -> Result<Visualization, ApiError> {
+    let data = page_data(state, id).await?;
+    let inputs = data.inputs(id).ok_or_else(|| unknown_topology(id))?;
+    Ok(crate::stats::visualization(&inputs, |c| ui::component_link(id, c)))
+}
+
+fn lag_report(state: &ApiState) -> crate::lag::window::LagReport {
+    state.lag.as_ref().map(LagMetrics::latest).unwrap_or_default()
+}
+
+fn consumer_groups(state: &ApiState) -> ConsumerGroups {
+    let evaluated_at_secs = state.lag.as_ref().map_or(0, |l| l.last_pass.get().max(0) as u64);
+    ConsumerGroups { groups: crate::lag::view::group_summaries(&lag_report(state)), evaluated_at_secs }
+}
+
+/// The group's partitions and members as ZooKeeper holds them now.
+async fn registry_read(
+    state: &ApiState,
+    group: &GroupId,
+) -> Result<
+    (
+        std::collections::BTreeMap<
+            consumer_registry::TopicPartition,
+            consumer_registry::admin::PartitionState,
+        >,
+        usize,
+    ),
+    ApiError,
+> {
+    let admin = consumer_registry::admin::Admin::new(state.transitions.session(), state.kafka_paths.clone());
+    let partitions = admin.read(group, None).await.map_err(|e| match e {
+        consumer_registry::admin::AdminError::UnknownGroup { .. } => {
+            ApiError::not_found(format!("no consumer group {group}"))
+        }
+        consumer_registry::admin::AdminError::Coord(c) => ApiError::from(c),
+        other => {
+            ApiError::internal(StatusCode::INTERNAL_SERVER_ERROR, "reading the consumer group failed", &other)
+        }
+    })?;
+    let members = admin.members(group).await.map_err(|e| {
+        ApiError::internal(StatusCode::SERVICE_UNAVAILABLE, "reading the group's members failed", &e)
+    })?;
+    Ok((partitions, members.len()))
+}
+
+async fn consumer_group(state: &ApiState, group: &GroupId) -> Result<ConsumerGroupDetail, ApiError> {
+    let (partitions, members) = registry_read(state, group).await?;
+    Ok(crate::lag::view::group_detail(group, &lag_report(state), &partitions, members))
+}
+
+async fn reset_plan(
+    state: &ApiState,
+    group: &GroupId,
+    request: &ResetPlanRequest,
+) -> Result<ResetPlan, ApiError> {
+    let (partitions, members) = registry_read(state, group).await?;
+    crate::lag::view::reset_plan(group, request, &lag_report(state), &partitions, members).map_err(
+        |e| match e {
+            crate::lag::view::PlanError::UnknownOffsets { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+            }
+            _ => ApiError::bad_request(e.to_string()),
+        },
+    )
 }
 
 async fn topology_errors(state: &ApiState, id: &TopologyId) -> Result<TopologyErrors, ApiError> {
@@ -539,6 +733,7 @@ async fn submit(state: &ApiState, body: SubmitTopology) -> Result<Submitted, Api
     let request = SubmitRequest {
         topology: body.topology_upload,
         worker_binary: body.worker_upload,
+        resources: body.resources_upload,
         inactive: body.inactive,
         owner: body.owner,
     };

@@ -403,10 +403,13 @@ impl Replicator {
         let mut client = NimbusClient::new(source, self.token.clone()).with_tls(self.tls.clone());
         client.timeout = Duration::from_secs(10);
         // The definition last: holding it means holding the whole code (`CodeStore::holds`).
-        for file in [CodeFile::WorkerBinary, CodeFile::Secret, CodeFile::Topology] {
+        for file in [CodeFile::WorkerBinary, CodeFile::Resources, CodeFile::Secret, CodeFile::Topology] {
             let mut download = match client.download_code(id, file).await {
                 Ok(d) => d,
-                Err(e) if file == CodeFile::WorkerBinary && e.status() == Some(StatusCode::NOT_FOUND) => {
+                Err(e)
+                    if matches!(file, CodeFile::WorkerBinary | CodeFile::Resources)
+                        && e.status() == Some(StatusCode::NOT_FOUND) =>
+                {
                     continue;
                 }
                 Err(e) => return Err(e.to_string()),

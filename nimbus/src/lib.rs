@@ -31,9 +31,13 @@
 //! - [`metrics`]: `squall_nimbus_*` counters on the caller's registry.
 //! - [`scheduler`]: Storm's even scheduler as a pure function (`schedule(input) -> Schedule`).
 //! - [`state`]: reading ZooKeeper into the pure functions' inputs, skipping garbage znodes.
+//! - [`stats`]: Storm UI's topology page, component page and component graph as pure
+//!   functions of the executors' reported counters, with the ten-minute window's samples.
 //! - [`transitions`]: the state machine applied to ZooKeeper with compare-and-set, removal of
 //!   a killed topology (and of orphans), the deadline timers that a restarted nimbus re-arms
 //!   from ZooKeeper, and the `Rescheduler` hook a due rebalance needs (filled by submit).
+//! - [`ui`]: the web UI (static page, script and style compiled into the binary) and its
+//!   security headers.
 //! - [`views`]: the read side of the HTTP API (Storm UI's summaries) as pure functions.
 
 // Async code: `tokio::time::Instant`, never std's (see clippy.toml).
@@ -53,7 +57,9 @@ pub mod liveness;
 pub mod metrics;
 pub mod scheduler;
 pub mod state;
+pub mod stats;
 pub mod transitions;
+pub mod ui;
 pub mod views;
 
 pub use daemon::{NimbusConfig, NimbusError, run, run_rejoining, serve};

@@ -229,22 +229,41 @@ pub async fn read_worker_endpoints(
     let mut skipped = Vec::new();
     let mut endpoints = Vec::new();
     for topology in topologies {
-        let dir = paths.workerbeats_topology(topology);
-        for name in session.children_or_empty(&dir).await? {
-            let path = join(&dir, &name);
-            let Ok(slot) = WorkerSlot::from_beat_node_name(&name) else {
-                skip(&mut skipped, path, "not a <node>-<port> heartbeat name".into());
-                continue;
-            };
-            if let Some((beat, _)) = read_optional::<WorkerHeartbeat>(session, &path, &mut skipped).await?
-                && let Some(endpoint) = beat.metrics_endpoint
-            {
-                let scheme = beat.metrics_scheme;
-                endpoints.push(WorkerEndpoint { topology: topology.clone(), slot, endpoint, scheme });
-            }
-        }
+        let read = read_workerbeats(session, paths, topology).await?;
+        skipped.extend(read.skipped);
+        endpoints.extend(read.value.into_iter().filter_map(|(slot, beat)| {
+            let scheme = beat.metrics_scheme;
+            Some(WorkerEndpoint {
+                topology: topology.clone(),
+                slot,
+                endpoint: beat.metrics_endpoint?,
+                scheme,
+            })
+        }));
     }
     Ok(Read { value: endpoints, skipped })
+}
+
+/// Every workerbeat of `topology` with its slot (the UI's stats when no supervisor reported).
+pub async fn read_workerbeats(
+    session: &Session,
+    paths: &StormPaths,
+    topology: &TopologyId,
+) -> coord::Result<Read<Vec<(WorkerSlot, WorkerHeartbeat)>>> {
+    let mut skipped = Vec::new();
+    let mut beats = Vec::new();
+    let dir = paths.workerbeats_topology(topology);
+    for name in session.children_or_empty(&dir).await? {
+        let path = join(&dir, &name);
+        let Ok(slot) = WorkerSlot::from_beat_node_name(&name) else {
+            skip(&mut skipped, path, "not a <node>-<port> heartbeat name".into());
+            continue;
+        };
+        if let Some((beat, _)) = read_optional::<WorkerHeartbeat>(session, &path, &mut skipped).await? {
+            beats.push((slot, beat));
+        }
+    }
+    Ok(Read { value: beats, skipped })
 }
 
 /// Reads one node that may be absent or garbage: `Ok(None)` then, with the garbage recorded.

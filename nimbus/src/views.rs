@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use cluster_state::api::{
-    ClusterSummary, PendingAction, PendingTransitionView, SupervisorSummary, TargetGroup, TopologyDetail,
-    TopologySummary,
+    ClusterSummary, PendingAction, PendingTransitionView, StatsWindow, SupervisorSummary, TargetGroup,
+    TopologyDetail, TopologySummary,
 };
 use cluster_state::ids::{SupervisorId, TopologyId, WorkerSlot};
 use cluster_state::znode::{Assignment, DelayedTransition, MetricsScheme, StormBase, SupervisorInfo};
@@ -27,9 +27,7 @@ pub struct ClusterSnapshot {
 
 /// Storm UI's uptime format: `1d 2h 3m 4s`, leading zero units left out.
 pub fn pretty_uptime(secs: u64) -> String {
-    let units = [(secs / 86_400, "d"), (secs / 3600 % 24, "h"), (secs / 60 % 60, "m"), (secs % 60, "s")];
-    let first = units.iter().position(|&(n, _)| n > 0).unwrap_or(units.len() - 1);
-    units[first..].iter().map(|(n, unit)| format!("{n}{unit}")).collect::<Vec<_>>().join(" ")
+    cluster_state::api::pretty_secs(secs)
 }
 
 fn used_slots(snapshot: &ClusterSnapshot) -> BTreeSet<WorkerSlot> {
@@ -97,8 +95,8 @@ impl ClusterSnapshot {
         }
     }
 
-    /// `Route::Topology`: the summary plus the base record's settings. Component
-    /// details (Storm UI's `spouts` and `bolts`) need the topology definition and come later.
+    /// `Route::Topology`: the summary plus the base record's settings; the component stats
+    /// (Storm UI's `spouts`, `bolts`, ...) are `crate::stats::fill_topology`'s.
     pub fn topology_detail(&self, id: &TopologyId) -> Option<TopologyDetail> {
         let base = self.storms.get(id)?;
         Some(TopologyDetail {
@@ -115,6 +113,15 @@ impl ClusterSnapshot {
                 deadline_secs: p.deadline_secs(),
                 seconds_left: p.deadline_secs().saturating_sub(self.now_secs),
             }),
+            // Filled by `crate::stats::fill_topology` from the topology file and the stats.
+            msg_timeout: 0,
+            window: StatsWindow::AllTime,
+            window_hint: StatsWindow::AllTime.pretty(),
+            topology_stats: Vec::new(),
+            spouts: Vec::new(),
+            bolts: Vec::new(),
+            workers: Vec::new(),
+            configuration: BTreeMap::new(),
         })
     }
 }

@@ -10,21 +10,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cluster_state::api::{
-    API_PREFIX, BeginUpload, ChunkReceived, ClusterSummary, Count, ErrorBody, FinishUpload, Operation,
-    PendingAction, RebalanceOptions, RebalanceRequest, Route, SubmitTopology, Submitted, SupervisorSummaries,
-    TopologyDetail, TopologyErrors, TopologyOperation, TopologySummaries, UploadBegun, UploadFinished,
-    UploadId,
+    API_PREFIX, BeginUpload, ChunkReceived, ClusterConfiguration, ClusterSummary, ComponentPage,
+    ConsumerGroups, Count, ErrorBody, ExecutorStatsReport, FinishUpload, Operation, PendingAction,
+    RebalanceOptions, RebalanceRequest, ResetPlanRequest, ResetTarget, Route, StatsWindow, SubmitTopology,
+    Submitted, SupervisorHeartbeat, SupervisorSummaries, TopologyDetail, TopologyErrors, TopologyOperation,
+    TopologySummaries, UploadBegun, UploadFinished, UploadId, Visualization, WorkerReport,
 };
 use cluster_state::clock::now_secs;
 use cluster_state::coord::{CreateMode, Ensemble, Session, SessionOptions};
 use cluster_state::ids::{
-    ComponentId, ExecutorId, SupervisorId, TaskId, TopologyId, TopologyName, WorkerSlot,
+    ComponentId, ExecutorId, GroupId, SupervisorId, TaskId, TopologyId, TopologyName, WorkerSlot,
 };
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{
     Assignment, DelayedTransition, ErrorInfo, ExecutorAssignment, StormBase, SupervisorInfo, TopologyStatus,
     WorkerHeartbeat, ZnodeData,
 };
+use nimbus::NimbusConfig;
 use nimbus::assigner::{Assigner, MonitorTimeouts};
 use nimbus::code_store::{CodeFile, CodeStore, CodeStoreLimits, sha256_hex};
 use nimbus::http::{ApiConfig, ApiState, CHECKSUM_HEADER};
@@ -85,6 +87,8 @@ impl Nimbus {
         ));
         let transitions = Arc::new(Transitions::new(session, paths, code, assigner.clone(), metrics));
         let (timers, handle) = DeadlineTimers::new(transitions.clone(), rescan);
+        let cluster_configuration =
+            NimbusConfig { http_token: config.token.clone(), ..Default::default() }.ui_configuration();
         let state = Arc::new(ApiState {
             transitions: transitions.clone(),
             assigner,
@@ -94,6 +98,9 @@ impl Nimbus {
             nimbus_start_secs: now_secs(),
             leadership: Leadership::standalone(),
             replicator: None,
+            lag: None,
+            kafka_paths: Default::default(),
+            cluster_configuration,
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -907,7 +914,13 @@ async fn upload(nimbus: &Nimbus, data: &[u8]) -> UploadId {
 
 /// The submit of an uploaded topology file, as `squall submit` sends it by default.
 fn submit(topology: UploadId) -> SubmitTopology {
-    SubmitTopology { topology_upload: topology, worker_upload: None, inactive: false, owner: String::new() }
+    SubmitTopology {
+        topology_upload: topology,
+        worker_upload: None,
+        resources_upload: None,
+        inactive: false,
+        owner: String::new(),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -974,5 +987,110 @@ async fn bad_submits_are_refused_naming_what_is_wrong_and_write_nothing() {
         nimbus.session().children(&StormPaths::default().storms_dir()).await.unwrap_or_default().is_empty()
     );
     assert_eq!(std::fs::read_dir(dir.path().join("stormdist")).unwrap().count(), 0, "no code installed");
+    nimbus.stop().await;
+}
+
+/// The web UI's files and the Storm UI pages through the real server: security headers on
+/// every answer, the topology page's stats from a supervisor's heartbeat, the component page,
+/// the graph, the configuration without the token, and the consumer-group routes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ui_and_storm_ui_pages_are_served_with_security_headers() {
+    let ensemble = Ensemble::in_memory();
+    let dir = tempfile::tempdir().unwrap();
+    let token = "ui-test-token-5521";
+    let nimbus =
+        Nimbus::start(&ensemble, dir.path(), ApiConfig { token: Some(token.into()), ..Default::default() })
+            .await;
+    seed(nimbus.session(), nimbus.transitions.code()).await;
+
+    let page = nimbus.request("GET", "/", b"").await;
+    assert_eq!(page.status, 200);
+    assert_eq!(page.header("content-type"), Some("text/html; charset=utf-8"));
+    assert!(page.header("content-security-policy").unwrap().contains("script-src 'self'"));
+    assert!(String::from_utf8_lossy(&page.body).contains("id=\"routes\""));
+    let script = nimbus.request("GET", "/ui/app.js", b"").await;
+    assert_eq!((script.status, script.header("x-content-type-options")), (200, Some("nosniff")));
+    nimbus.request("POST", "/", b"").await.assert_error(405, "accepts GET");
+    let json = nimbus.call(&Route::ClusterSummary, b"").await;
+    assert_eq!(json.header("x-content-type-options"), Some("nosniff"));
+    assert_eq!(json.header("x-frame-options"), Some("DENY"));
+
+    let configuration = nimbus.call(&Route::ClusterConfiguration, b"").await;
+    let text = String::from_utf8_lossy(&configuration.body).into_owned();
+    assert!(text.contains("\"nimbus.http.token\":\"<redacted>\"") && !text.contains(token), "{text}");
+    let config: ClusterConfiguration = configuration.decode();
+    assert_eq!(config.0["nimbus.monitor.freq.secs"], serde_json::Value::from(10));
+
+    // A supervisor reports stats: tasks 1 (count) and 2-3 (split).
+    let stats = |executor, emitted| ExecutorStatsReport {
+        executor,
+        emitted,
+        transferred: emitted,
+        acked: emitted,
+        failed: 0,
+        execute_latency_ms: 0.5,
+        process_latency_ms: 0.5,
+        complete_latency_ms: 0.0,
+    };
+    let worker = |port, executors: Vec<ExecutorStatsReport>| WorkerReport {
+        topology_id: id(),
+        port,
+        executors: executors.iter().map(|s| s.executor).collect(),
+        time_secs: now_secs(),
+        start_time_secs: now_secs() - 60,
+        uptime_secs: 60,
+        executor_stats: executors,
+        metrics_endpoint: None,
+        metrics_scheme: cluster_state::znode::MetricsScheme::Http,
+    };
+    let beat = SupervisorHeartbeat {
+        supervisor_id: SupervisorId::new("sup-1").unwrap(),
+        time_secs: now_secs(),
+        uptime_secs: 60,
+        workers: vec![
+            worker(6700, vec![stats(executor(1, 1), 7), stats(executor(3, 3), 20)]),
+            worker(6701, vec![stats(executor(2, 2), 30)]),
+        ],
+    };
+    let auth = format!("Bearer {token}");
+    let beat_path = Route::SupervisorHeartbeat.path();
+    let accepted = request(nimbus.addr, "POST", &beat_path, &[("Authorization", &auth)], &body(&beat)).await;
+    assert_eq!(accepted.status, 200, "{}", String::from_utf8_lossy(&accepted.body));
+    let detail: TopologyDetail = nimbus.call(&Route::Topology(id()), b"").await.decode();
+    let bolts: Vec<(&str, usize, u64)> =
+        detail.bolts.iter().map(|b| (b.bolt_id.as_str(), b.executors, b.emitted)).collect();
+    assert_eq!(bolts, [("count", 1, 7), ("split", 2, 50)]);
+    assert!(detail.spouts.is_empty());
+    assert_eq!(detail.workers.len(), 2);
+    assert_eq!(detail.bolts[1].last_error.last_error, "newest failure");
+    let ten: TopologyDetail =
+        nimbus.request("GET", &format!("{}?window=600", Route::Topology(id()).path()), b"").await.decode();
+    assert_eq!(ten.window, StatsWindow::TEN_MINUTES);
+    nimbus
+        .request("GET", &format!("{}?window=3", Route::Topology(id()).path()), b"")
+        .await
+        .assert_error(400, "window \"3\"");
+    let split: ComponentPage = nimbus.call(&Route::Component(id(), comp("split")), b"").await.decode();
+    assert_eq!(
+        (split.component_type.as_str(), split.executor_stats.len(), split.component_errors.len()),
+        ("bolt", 2, 2)
+    );
+    nimbus.call(&Route::Component(id(), comp("nope")), b"").await.assert_error(404, "no spout or bolt nope");
+    let graph: Visualization = nimbus.call(&Route::Visualization(id()), b"").await.decode();
+    assert_eq!(graph.0.len(), 2);
+
+    let groups: ConsumerGroups = nimbus.call(&Route::ConsumerGroups, b"").await.decode();
+    assert!(groups.groups.is_empty());
+    let group = GroupId::new("nobody").unwrap();
+    nimbus
+        .call(&Route::ConsumerGroup(group.clone()), b"")
+        .await
+        .assert_error(404, "no consumer group nobody");
+    let plan = body(&ResetPlanRequest { topic: None, to: ResetTarget::Earliest, value: None });
+    nimbus.call(&Route::ResetPlan(group.clone()), &plan).await.assert_error(401, "Bearer");
+    let refused =
+        request(nimbus.addr, "POST", &Route::ResetPlan(group).path(), &[("Authorization", &auth)], &plan)
+            .await;
+    refused.assert_error(404, "no consumer group nobody");
     nimbus.stop().await;
 }

@@ -67,6 +67,7 @@ impl Cluster {
         let request = SubmitTopology {
             topology_upload: upload,
             worker_upload: None,
+            resources_upload: None,
             inactive: false,
             owner: "t".into(),
         };

@@ -100,8 +100,13 @@ const TOPOLOGY: &str = "name: wc\nconfig: {topology.workers: 1}\nspouts:\n  - {i
 
 async fn submit(client: &NimbusClient, file: &str) -> Result<TopologyId, ClientError> {
     let upload = client.upload(file.as_bytes(), |_| {}).await?;
-    let request =
-        SubmitTopology { topology_upload: upload, worker_upload: None, inactive: false, owner: "t".into() };
+    let request = SubmitTopology {
+        topology_upload: upload,
+        worker_upload: None,
+        resources_upload: None,
+        inactive: false,
+        owner: "t".into(),
+    };
     Ok(client.submit(&request).await?.id)
 }
 

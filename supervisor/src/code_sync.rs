@@ -43,6 +43,8 @@ pub enum CodeError {
     Modified { topology: TopologyId, file: CodeFile, reason: String },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error("the resources of topology {topology} cannot be unpacked: {reason}")]
+    Resources { topology: TopologyId, reason: String },
 }
 
 /// Where a code file's checksum is kept beside it.
@@ -183,8 +185,7 @@ impl CodeSync {
                 // A topology without its own worker binary runs on the squall binary; one
                 // without a secret (submitted before there were any) is refused by its worker,
                 // which names the file.
-                Ok(Err(CodeError::Status { status: StatusCode::NOT_FOUND, .. }))
-                    if matches!(file, CodeFile::WorkerBinary | CodeFile::Secret) => {}
+                Ok(Err(CodeError::Status { status: StatusCode::NOT_FOUND, .. })) if file.is_optional() => {}
                 Ok(Err(e)) => return Err(e),
                 Err(_) => {
                     return Err(CodeError::Nimbus {
@@ -193,6 +194,20 @@ impl CodeSync {
                     });
                 }
             }
+        }
+        // The shell components' files, unpacked beside the archive (checked first: the
+        // archive's checksum matched nimbus's record).
+        let archive = into.join(CodeFile::Resources.file_name());
+        if archive.is_file() {
+            let dest = into.join(cluster_state::resources::DIR_NAME);
+            tokio::task::spawn_blocking(move || {
+                let file = std::fs::File::open(&archive)?;
+                cluster_state::resources::unpack(std::io::BufReader::new(file), &dest)
+                    .map_err(std::io::Error::other)
+            })
+            .await
+            .map_err(|e| CodeError::Io { path: into.to_path_buf(), source: std::io::Error::other(e) })?
+            .map_err(|e| CodeError::Resources { topology: topology.clone(), reason: e.to_string() })?;
         }
         Ok(())
     }
@@ -277,11 +292,7 @@ fn verify(dir: &Path, topology: &TopologyId) -> Result<(), CodeError> {
             Ok(sum) => sum.trim().to_owned(),
             // A topology without its own worker binary has neither file; one submitted before
             // topology secrets existed has no secret (its worker refuses to start and says so).
-            Err(e)
-                if e.kind() == std::io::ErrorKind::NotFound
-                    && !path.exists()
-                    && matches!(file, CodeFile::WorkerBinary | CodeFile::Secret) =>
-            {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !path.exists() && file.is_optional() => {
                 continue;
             }
             Err(e) => return Err(modified(format!("no checksum recorded: {e}"))),

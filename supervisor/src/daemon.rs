@@ -23,6 +23,7 @@ use cluster_state::launch::WorkerLaunch;
 use cluster_state::metrics::CoordMetrics;
 use cluster_state::paths::StormPaths;
 use cluster_state::tls::{self, ClientTls};
+use cluster_state::worker_logs;
 use cluster_state::znode::{Assignment, MetricsScheme, SupervisorInfo};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -96,6 +97,13 @@ pub struct SupervisorConfig {
     /// endpoint is published in `/storm/supervisors/<id>` for discovery either way).
     #[serde(rename = "supervisor.metrics.port")]
     pub metrics_port: u16,
+    /// Storm's `worker.xml` size trigger: a worker's `worker.log` rotates before it would pass
+    /// this many bytes.
+    #[serde(rename = "worker.log.max.bytes")]
+    pub worker_log_max_bytes: u64,
+    /// Storm's `worker.xml` rollover count: log files kept per worker, the live one included.
+    #[serde(rename = "worker.log.max.files")]
+    pub worker_log_max_files: u32,
     /// Squall's: PEM certificate (chain) and key making this supervisor's `/metrics` HTTPS
     /// only; discovery then publishes it with `__scheme__: https`. Unset: plain HTTP.
     #[serde(rename = "supervisor.metrics.tls.cert")]
@@ -141,6 +149,9 @@ impl Default for SupervisorConfig {
             seeds: Vec::new(),
             run_worker_as_user: None,
             metrics_port: 0,
+            // Storm's worker.xml: 100 MB, nine rolled files beside the live one.
+            worker_log_max_bytes: cluster_state::worker_logs::DEFAULT_MAX_BYTES,
+            worker_log_max_files: cluster_state::worker_logs::DEFAULT_MAX_FILES,
             // Plain HTTP unless configured (SECURITY.md).
             metrics_tls_cert: None,
             metrics_tls_key: None,
@@ -177,6 +188,8 @@ impl SupervisorConfig {
             ("supervisor.monitor.frequency.secs", self.monitor_frequency_secs),
             ("supervisor.heartbeat.frequency.secs", self.heartbeat_frequency_secs),
             ("supervisor.worker.timeout.secs", self.worker_timeout_secs),
+            ("worker.log.max.bytes", self.worker_log_max_bytes),
+            ("worker.log.max.files", u64::from(self.worker_log_max_files)),
         ] {
             if value == 0 {
                 return Err(SupervisorError::Config { key, reason: "must be at least 1".into() });
@@ -288,22 +301,32 @@ fn worker_spec(
             launch.hostname = config.hostname.clone();
             launch.zookeeper_session_timeout_ms = config.zookeeper_session_timeout_ms;
             launch.zookeeper_connection_timeout_ms = config.zookeeper_connection_timeout_ms;
+            launch.log_max_bytes = config.worker_log_max_bytes;
+            launch.log_max_files = config.worker_log_max_files;
+            // Storm's place: the worker writes `worker.log` there itself (rotated); its
+            // stdout and stderr go to `worker.log.out` beside it.
+            let artifacts = worker_logs::artifacts_dir(&config.local_dir, &launch.topology_id, port);
             launch.metrics_tls_cert = config.worker_metrics_tls_cert.clone();
             launch.metrics_tls_key = config.worker_metrics_tls_key.clone();
             launch.metrics_tls_client_ca = config.worker_metrics_tls_client_ca.clone();
-            let logs = config.local_dir.join("logs");
             let local = &config.local_dir;
             let run_as = user.clone().map(|user| RunAs {
                 user,
-                traverse: vec![local.clone(), code.stormdist.clone(), local.join("workers")],
-                owned: vec![dir.clone(), local.join("workers").join(worker_id.as_str())],
+                traverse: vec![
+                    local.clone(),
+                    code.stormdist.clone(),
+                    local.join("workers"),
+                    local.join(worker_logs::ARTIFACTS_DIR),
+                    local.join(worker_logs::ARTIFACTS_DIR).join(launch.topology_id.as_str()),
+                ],
+                owned: vec![dir.clone(), local.join("workers").join(worker_id.as_str()), artifacts.clone()],
             });
             WorkerSpec {
                 program: if own_binary.is_file() { own_binary } else { program.squall.clone() },
                 launch,
                 env: env.clone(),
                 dir: config.local_dir.clone(),
-                log_path: logs.join(format!("worker-{port}-{worker_id}.log")),
+                log_path: artifacts.join(worker_logs::WORKER_OUT),
                 run_as,
             }
         },
@@ -353,12 +376,10 @@ pub async fn run(
     let metrics = SupervisorMetrics::register(registry).map_err(metrics_error)?;
     cluster_state::metrics::register_daemon_info(registry, "supervisor").map_err(metrics_error)?;
     let coord_metrics = CoordMetrics::register(registry).map_err(metrics_error)?;
-    for dir in [config.local_dir.clone(), config.local_dir.join("logs")] {
-        files::create_private_dir_all(&dir).map_err(|e| SupervisorError::Config {
-            key: "storm.local.dir",
-            reason: format!("cannot create {}: {e}", dir.display()),
-        })?;
-    }
+    files::create_private_dir_all(&config.local_dir).map_err(|e| SupervisorError::Config {
+        key: "storm.local.dir",
+        reason: format!("cannot create {}: {e}", config.local_dir.display()),
+    })?;
     let configured_seeds =
         if config.seeds.is_empty() { vec![config.nimbus_address.clone()] } else { config.seeds.clone() };
     let mut code = CodeSync::with_seeds(configured_seeds.clone(), &config.local_dir);

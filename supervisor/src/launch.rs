@@ -142,6 +142,13 @@ impl ProcessLauncher {
 
 impl Launcher for ProcessLauncher {
     fn launch(&self, spec: &WorkerSpec) -> Result<u32, LaunchError> {
+        if let Some(dir) = spec.log_path.parent() {
+            cluster_state::files::create_private_dir_all(dir).map_err(|source| LaunchError::Log {
+                worker_id: spec.worker_id(),
+                path: dir.to_owned(),
+                source,
+            })?;
+        }
         let log = cluster_state::files::private_append().open(&spec.log_path).map_err(|source| {
             LaunchError::Log { worker_id: spec.worker_id(), path: spec.log_path.clone(), source }
         })?;

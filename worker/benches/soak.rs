@@ -237,6 +237,9 @@ fn main() -> Result<(), Error> {
     print_resources("baseline");
     let (before, before_cpu) = rate_over(&b, baseline_secs);
     println!("words/s before: {before:.0} (over {baseline_secs} s), {before_cpu:.0} per worker CPU-s");
+    // What the word count itself grows to (counts, queues, the allocator's caches) before any
+    // attack: the figure "after" is compared with.
+    print_resources("warm");
     let stop = Arc::new(AtomicBool::new(false));
     let abusers = abuse(b.local_addr(), &id, &secret, &stop)?;
     let (during, during_cpu) = rate_over(&b, soak_secs);

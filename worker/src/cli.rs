@@ -89,6 +89,12 @@ pub struct WorkerCommand {
     /// The cluster's `storm.zookeeper.connection.timeout`, in milliseconds.
     #[arg(long, default_value_t = launch::DEFAULT_CONNECTION_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..))]
     pub zookeeper_connection_timeout_ms: u64,
+    /// `worker.log.max.bytes`: `worker.log` rotates before it would pass this size.
+    #[arg(long, default_value_t = cluster_state::worker_logs::DEFAULT_MAX_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
+    pub log_max_bytes: u64,
+    /// `worker.log.max.files`: how many log files are kept, the live one included.
+    #[arg(long, default_value_t = cluster_state::worker_logs::DEFAULT_MAX_FILES, value_parser = clap::value_parser!(u32).range(1..))]
+    pub log_max_files: u32,
     /// The cluster's `worker.metrics.tls.cert`: `/metrics` is HTTPS only with it (and its key).
     #[arg(long)]
     pub metrics_tls_cert: Option<PathBuf>,
@@ -115,6 +121,8 @@ impl From<WorkerCommand> for WorkerLaunch {
             bind_host: cmd.bind_host,
             zookeeper_session_timeout_ms: cmd.zookeeper_session_timeout_ms,
             zookeeper_connection_timeout_ms: cmd.zookeeper_connection_timeout_ms,
+            log_max_bytes: cmd.log_max_bytes,
+            log_max_files: cmd.log_max_files,
             metrics_tls_cert: cmd.metrics_tls_cert,
             metrics_tls_key: cmd.metrics_tls_key,
             metrics_tls_client_ca: cmd.metrics_tls_client_ca,
@@ -251,6 +259,8 @@ mod tests {
         everything.bind_host = "127.0.0.1".into();
         everything.zookeeper_session_timeout_ms = 7000;
         everything.zookeeper_connection_timeout_ms = 3000;
+        everything.log_max_bytes = 4096;
+        everything.log_max_files = 2;
         for launch in [launch(), everything] {
             let args = launch.to_args();
             assert_eq!(clap_parse(&args).unwrap(), launch);
@@ -277,6 +287,7 @@ mod tests {
             base.replace("--topology-id wc-1-1700000000 ", ""),
             format!("{base} --storm-root storm"),
             format!("{base} --zookeeper-session-timeout-ms 0"),
+            format!("{base} --log-max-files 0"),
             format!("{base} --port 6701"),
             format!("{base} --nimbus x"),
         ] {

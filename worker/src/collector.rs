@@ -307,6 +307,11 @@ impl Emitter {
         Ok(n)
     }
 
+    /// The tasks the last emit went to (a multilang subprocess's `need_task_ids`).
+    pub(crate) fn last_targets(&self) -> &[TaskId] {
+        &self.targets
+    }
+
     pub(crate) fn acker_of(&self, root: u64) -> Option<TaskId> {
         if self.ackers.is_empty() {
             None

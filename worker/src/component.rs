@@ -54,6 +54,16 @@ pub trait Bolt: Send + 'static {
     fn tick_tuple_freq_secs(&self) -> Option<u64> {
         None
     }
+    /// Called on the executor thread after each run of inputs, on every wake-up from
+    /// [`Bolt::waker`] and at least every 50 ms, for a bolt whose work completes outside
+    /// `execute` (a multilang subprocess): it emits, acks and fails through `out` here. Only
+    /// bolts with a waker are polled.
+    fn poll(&mut self, _out: &mut BoltCollector<'_>) {}
+    /// A channel whose messages wake the idle executor to [`Bolt::poll`] this bolt; `None`
+    /// (the default) for a bolt that does all its work in `execute`.
+    fn waker(&self) -> Option<crossbeam_channel::Receiver<()>> {
+        None
+    }
     /// The worker is shutting down; not guaranteed to be called on a crash.
     fn cleanup(&mut self) {}
 }

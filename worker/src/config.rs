@@ -1,11 +1,11 @@
 //! Topology configuration: Storm's keys, Storm's defaults (defaults.yaml), validated once.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
 /// A topology's `config:` section. Keys are Storm's dotted names.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TopologyConfig {
     /// `topology.workers`: worker processes (slots) to run the topology on. Storm: 1.
@@ -58,6 +58,15 @@ pub struct TopologyConfig {
     /// goes through the supervisor's heartbeat to nimbus; the node is for tools). Squall: 60.
     #[serde(rename = "squall.workerbeats.zk.secs")]
     pub workerbeats_zk_secs: u64,
+    /// `topology.subprocess.timeout.secs`: a multilang subprocess that says nothing this long
+    /// (a bolt: not even to heartbeats; a spout: no `sync` to a command) is killed and restarted.
+    /// Storm: null, meaning `supervisor.worker.timeout.secs` (30).
+    #[serde(rename = "topology.subprocess.timeout.secs")]
+    pub subprocess_timeout_secs: Option<u64>,
+    /// `topology.shellbolt.max.pending`: tuples queued for a shell bolt's subprocess before its
+    /// executor waits. Storm: 100.
+    #[serde(rename = "topology.shellbolt.max.pending")]
+    pub shellbolt_max_pending: u32,
     /// `topology.transport.tls`: whether the topology's workers talk to each other over mutual
     /// TLS 1.3 with the topology's key (derived from its secret; see `transport`'s `tls.rs`)
     /// instead of plain TCP. The HMAC handshake runs either way. Squall: false (plain TCP,
@@ -82,6 +91,8 @@ impl Default for TopologyConfig {
             error_throttle_interval_secs: 10,
             max_error_report_per_interval: 5,
             workerbeats_zk_secs: 60,
+            subprocess_timeout_secs: None,
+            shellbolt_max_pending: 100,
             transport_tls: false,
         }
     }
@@ -101,6 +112,10 @@ impl TopologyConfig {
         positive("squall.workerbeats.zk.secs", self.workerbeats_zk_secs)?;
         if let Some(p) = self.max_spout_pending {
             positive("topology.max.spout.pending", u64::from(p))?;
+        }
+        positive("topology.shellbolt.max.pending", u64::from(self.shellbolt_max_pending))?;
+        if let Some(t) = self.subprocess_timeout_secs {
+            positive("topology.subprocess.timeout.secs", t)?;
         }
         if let Some(t) = self.tick_tuple_freq_secs {
             positive("topology.tick.tuple.freq.secs", t)?;

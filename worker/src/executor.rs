@@ -478,6 +478,8 @@ fn run_bolt(
     let mut seen = 0u64;
     let mut acked = 0u64;
     let mut failed = 0u64;
+    // Bolts that finish work outside `execute` (multilang) wake the executor and are polled.
+    let wakers: Vec<Receiver<()>> = bolts.iter().filter_map(|b| b.waker()).collect();
 
     let mut inputs = Inputs::new(&shared.table);
     let mut execute = |bolts: &mut Vec<Box<dyn Bolt>>,
@@ -506,7 +508,12 @@ fn run_bolt(
         // The clock is read only when tick tuples are on (5% of a busy bolt's CPU otherwise).
         let timeout =
             next_tick.map_or(IDLE_POLL, |t| t.saturating_duration_since(Instant::now()).min(IDLE_POLL));
-        match inbox.recv_timeout(timeout) {
+        let received = if wakers.is_empty() {
+            inbox.recv_timeout(timeout)
+        } else {
+            crate::multilang::recv_or_wake(&inbox, &wakers, timeout)
+        };
+        match received {
             Ok(mut b) => loop {
                 em.refresh_routes();
                 for env in b.drain(..) {
@@ -542,6 +549,9 @@ fn run_bolt(
                 execute(&mut bolts, &mut em, ctx.task_id, &t, &mut acked, &mut failed);
             }
         }
+        if !wakers.is_empty() {
+            poll_bolts(&mut bolts, &contexts, &mut em, &mut acked, &mut failed);
+        }
         em.flush();
         if acked > 0 || failed > 0 {
             stats.acked.fetch_add(acked, Ordering::Relaxed);
@@ -555,6 +565,23 @@ fn run_bolt(
     }
     for b in bolts.iter_mut() {
         b.cleanup();
+    }
+}
+
+/// Lets every bolt of the executor apply work it finished outside `execute`.
+fn poll_bolts(
+    bolts: &mut [Box<dyn Bolt>],
+    contexts: &[TopologyContext],
+    em: &mut Emitter,
+    acked: &mut u64,
+    failed: &mut u64,
+) {
+    for (bolt, ctx) in bolts.iter_mut().zip(contexts) {
+        em.task = ctx.task_id;
+        let mut out = BoltCollector { em: &mut *em, acked: 0, failed: 0 };
+        bolt.poll(&mut out);
+        *acked += out.acked;
+        *failed += out.failed;
     }
 }
 

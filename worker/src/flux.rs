@@ -31,7 +31,7 @@
 //! streams[1] "split --> count"`). Nothing is started by loading.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -69,7 +69,20 @@ pub fn parse_params<T: DeserializeOwned + Default>(params: &Params) -> Result<T,
 pub struct Registry {
     spouts: BTreeMap<String, SpoutMaker>,
     bolts: BTreeMap<String, BoltMaker>,
+    /// The working directory of shell components; `None`: `resources/` beside the topology
+    /// file (or the current directory for text loaded without a file).
+    resources_dir: Option<PathBuf>,
 }
+
+/// Class names of shell bolts: Storm Flux's, and Squall's short name.
+pub const SHELL_BOLT_CLASSES: [&str; 2] =
+    ["org.apache.storm.flux.wrappers.bolts.FluxShellBolt", "shell-bolt"];
+/// Class names of shell spouts: Storm Flux's, and Squall's short name.
+pub const SHELL_SPOUT_CLASSES: [&str; 2] =
+    ["org.apache.storm.flux.wrappers.spouts.FluxShellSpout", "shell-spout"];
+/// The directory beside a topology file that holds its shell components' files (Storm: the
+/// jar's `resources/`).
+pub const RESOURCES_DIR: &str = cluster_state::resources::DIR_NAME;
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -145,11 +158,27 @@ impl Registry {
         self
     }
 
-    /// Loads a topology file.
+    /// Runs shell components in `dir` (instead of `resources/` beside the topology file).
+    pub fn with_resources_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.resources_dir = Some(dir.into());
+        self
+    }
+
+    /// Loads a topology file. Shell components run in `resources/` beside it (see
+    /// [`Registry::with_resources_dir`]), or beside it when it has none.
     pub fn load_file(&self, path: &Path) -> Result<Topology> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| Error::ReadFile { file: path.to_owned(), source })?;
-        self.load_str(&text).map_err(|e| match e {
+        let loader = match &self.resources_dir {
+            Some(_) => std::borrow::Cow::Borrowed(self),
+            None => {
+                let beside = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+                let resources = beside.join(RESOURCES_DIR);
+                let dir = if resources.is_dir() { resources } else { beside.to_owned() };
+                std::borrow::Cow::Owned(self.clone().with_resources_dir(dir))
+            }
+        };
+        loader.load_str(&text).map_err(|e| match e {
             Error::Yaml { line, column, message, .. } => {
                 Error::Yaml { file: Some(path.to_owned()), line, column, message }
             }
@@ -181,7 +210,32 @@ impl Registry {
             if *nth > 1 {
                 return Err(Error::DuplicateId { element, id: c.id.clone() });
             }
-            let kind = if is_spout {
+            let shell = if is_spout { &SHELL_SPOUT_CLASSES } else { &SHELL_BOLT_CLASSES };
+            let kind = if shell.contains(&c.class_name.as_str()) {
+                let spec = self.shell_spec(c).map_err(|reason| Error::BadParams {
+                    element: element.clone(),
+                    component: c.id.clone(),
+                    reason,
+                })?;
+                if is_spout {
+                    ComponentKind::Spout(Arc::new(move || {
+                        Box::new(crate::multilang::ShellSpout::new(spec.clone())) as Box<dyn Spout>
+                    }))
+                } else {
+                    ComponentKind::Bolt(Arc::new(move || {
+                        Box::new(crate::multilang::ShellBolt::new(spec.clone())) as Box<dyn Bolt>
+                    }))
+                }
+            } else if c.constructor_args.is_some() {
+                return Err(Error::BadParams {
+                    element,
+                    component: c.id.clone(),
+                    reason: format!(
+                        "constructorArgs are only for shell components ({}); other classes take params",
+                        shell.join(", ")
+                    ),
+                });
+            } else if is_spout {
                 let maker = self.spouts.get(&c.class_name).ok_or_else(|| Error::UnknownComponent {
                     element: lines.label(
                         &format!("{section}[{}] {:?} className", *index - 1, c.id),
@@ -257,6 +311,46 @@ impl Registry {
     }
 }
 
+impl Registry {
+    /// A shell component's spec from Flux's `FluxShellBolt` / `FluxShellSpout` constructor
+    /// arguments: `[command, outputFields]` or `[command, componentConfig, outputFields]`.
+    fn shell_spec(&self, c: &FluxComponent) -> Result<crate::multilang::ShellSpec, String> {
+        const SHAPE: &str = "constructorArgs must be [[command, args..], [output fields..]] or \
+                             [[command, args..], {component config}, [output fields..]]";
+        if !c.params.is_null() {
+            return Err("a shell component takes constructorArgs, not params".into());
+        }
+        let args =
+            c.constructor_args.as_deref().ok_or_else(|| format!("missing constructorArgs: {SHAPE}"))?;
+        let strings = |v: &serde_yaml_ng::Value, what: &str| -> Result<Vec<String>, String> {
+            serde_yaml_ng::from_value::<Vec<String>>(v.clone())
+                .map_err(|_| format!("{what} must be a list of strings: {SHAPE}"))
+        };
+        let (command, config, fields) = match args {
+            [command, fields] => (command, None, fields),
+            [command, config, fields] => (command, Some(config), fields),
+            _ => return Err(format!("{} constructorArgs: {SHAPE}", args.len())),
+        };
+        let command = strings(command, "the command")?;
+        if command.first().is_none_or(|p| p.is_empty()) {
+            return Err("the command is empty".into());
+        }
+        let fields = strings(fields, "the output fields")?;
+        let component_config = match config {
+            None => serde_json::Map::new(),
+            Some(v) => serde_yaml_ng::from_value::<serde_json::Map<String, serde_json::Value>>(v.clone())
+                .map_err(|e| format!("the component config must be a map: {e}"))?,
+        };
+        let working_dir = self.resources_dir.clone().unwrap_or_else(|| PathBuf::from("."));
+        Ok(crate::multilang::ShellSpec {
+            command,
+            component_config,
+            outputs: vec![(DEFAULT_STREAM.to_owned(), crate::tuple::Fields::new(fields))],
+            working_dir,
+        })
+    }
+}
+
 fn no_params(p: &Params) -> Result<(), String> {
     if p.is_null() { Ok(()) } else { Err("takes no params".into()) }
 }
@@ -290,6 +384,9 @@ struct FluxComponent {
     num_tasks: Option<u32>,
     #[serde(default)]
     params: Params,
+    /// Shell components only (Flux's constructor arguments of `FluxShellBolt`/`FluxShellSpout`).
+    #[serde(default)]
+    constructor_args: Option<Vec<serde_yaml_ng::Value>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -20,6 +20,7 @@
 //! - [`process`]: the worker process ([`process::run`]) and [`process::StaticWorker`] (the same
 //!   without ZooKeeper). [`cli`]: the `worker` arguments shared by `squall worker` and users'
 //!   own worker binaries.
+//! - [`multilang`]: shell spouts and bolts (Storm's multilang protocol: pystorm, streamparse).
 //! - [`error`]: the crate's error enum.
 //!
 //! Building and running a topology in code:
@@ -61,6 +62,7 @@ pub mod flux;
 pub mod grouping;
 pub mod layout;
 pub mod metrics;
+pub mod multilang;
 pub mod process;
 pub mod runtime;
 mod static_worker;

@@ -748,3 +748,76 @@ async fn a_worker_exits_promptly_while_zookeeper_is_down() {
     let took = started.elapsed();
     assert!(took <= bound, "the worker took {took:?} to exit with ZooKeeper down (bound {bound:?})");
 }
+
+/// A pystorm split bolt that hangs (no answer, not even to heartbeats) on its first tuple ever,
+/// and splits normally once restarted (the marker file says it hung already).
+const HANGS_ONCE: &str = r#"
+import os, time
+from pystorm import Bolt
+
+
+class HangsOnce(Bolt):
+    def process(self, tup):
+        marker = self.storm_conf["test.marker"]
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            time.sleep(3600)
+        for word in tup.values[0].split(" "):
+            self.emit([word])
+        self.ack(tup)
+
+
+HangsOnce().run()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_shell_bolt_is_killed_after_the_heartbeat_timeout_reported_and_restarted() {
+    let c = Cluster::new("shell_hang").await;
+    let slot = WorkerSlot { node: SupervisorId::new("sup-1").unwrap(), port: free_port() };
+    let resources = tempfile::tempdir().unwrap();
+    std::fs::write(resources.path().join("hangs_once.py"), HANGS_ONCE).unwrap();
+    let marker = resources.path().join("hung");
+    let yaml = format!(
+        "name: wc\n\
+         config:\n  topology.workers: 1\n  topology.subprocess.timeout.secs: 3\n  topology.message.timeout.secs: 5\n  topology.max.spout.pending: 50\n\
+         spouts:\n  - {{id: sentences, className: sentence-generator, params: {{rate_per_sec: 50}}}}\n\
+         bolts:\n  - id: split\n    className: shell-bolt\n    constructorArgs:\n      - [python3, hangs_once.py]\n      - {{test.marker: {}}}\n      - [word]\n\
+         \x20 - {{id: count, className: word-count}}\n\
+         streams:\n  - {{from: sentences, to: split, grouping: {{type: SHUFFLE}}}}\n\
+         \x20 - {{from: split, to: count, grouping: {{type: FIELDS, args: [word]}}}}\n",
+        marker.display()
+    );
+    let load =
+        || worker::Registry::with_builtins().with_resources_dir(resources.path()).load_str(&yaml).unwrap();
+    let layout = TaskLayout::compute(&load().component_parallelism());
+    c.submit(&load(), std::slice::from_ref(&slot)).await;
+    let (t, h) = c.start(load(), &slot, "w");
+    let dir = c.paths.errors_component(&c.id, &ComponentId::new("split").unwrap());
+    let error = test_harness::eventually(
+        Duration::from_secs(60),
+        "the heartbeat timeout in /storm/errors",
+        || async {
+            for name in c.session.children(&dir).await.ok()? {
+                let (info, _) = c.session.read::<ErrorInfo>(&format!("{dir}/{name}")).await.ok()?;
+                if info.error.contains("heartbeat timeout") {
+                    return Some(info);
+                }
+            }
+            None
+        },
+    )
+    .await;
+    assert!(marker.exists(), "the bolt hung on its first tuple");
+    assert!(error.error.contains("shell bolt \"split\""), "{}", error.error);
+    assert!(error.error.contains("nothing from it for 3s"), "{}", error.error);
+    assert!(error.error.contains("killed, restarting"), "{}", error.error);
+    assert_eq!(error.port, slot.port);
+    // Restarted: the new subprocess splits, and sentences (the hung one replayed) are acked.
+    let before = c.acked(&slot, &layout, "sentences").await;
+    eventually_true(Duration::from_secs(60), "sentences acked after the restart", || async {
+        c.acked(&slot, &layout, "sentences").await >= before + 100
+    })
+    .await;
+    t.cancel();
+    h.await.unwrap().unwrap();
+}

@@ -10,7 +10,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
 use crate::api::UploadId;
-use crate::ids::{ComponentId, SupervisorId, TopologyId, TopologyName};
+use crate::ids::{ComponentId, GroupId, SupervisorId, Topic, TopologyId, TopologyName};
 
 /// Every error: `{"error": "<reason phrase>", "errorMessage": "<what is wrong>"}`. A nimbus
 /// that is not the leader refuses a mutating call with a 503 and adds `"leader": "host:port"`
@@ -134,8 +134,12 @@ pub struct TopologySummary {
     pub owner: String,
 }
 
-/// `GET /api/v1/topology/:id`: the summary plus the base record's settings.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `GET /api/v1/topology/:id[?window=600]`: Storm UI's topology page. The summary, the base
+/// record's settings, and Storm 2's `topologyStats` (windows `600` and `:all-time`), `spouts`,
+/// `bolts` (stats of the requested window, `:all-time` by default), `workers` and
+/// `configuration` (the topology file's `config`, secrets redacted). The fields after
+/// `pendingTransition` read as empty when absent (a nimbus from before they existed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TopologyDetail {
     #[serde(flatten)]
@@ -147,6 +151,461 @@ pub struct TopologyDetail {
     /// The status a rebalance returns to (upper case).
     pub prev_status: Option<String>,
     pub pending_transition: Option<PendingTransitionView>,
+    /// `topology.message.timeout.secs`.
+    #[serde(default)]
+    pub msg_timeout: u64,
+    /// The window of `spouts` and `bolts`.
+    #[serde(default)]
+    pub window: StatsWindow,
+    #[serde(default)]
+    pub window_hint: String,
+    #[serde(default)]
+    pub topology_stats: Vec<WindowStats>,
+    #[serde(default)]
+    pub spouts: Vec<SpoutSummary>,
+    #[serde(default)]
+    pub bolts: Vec<BoltSummary>,
+    #[serde(default)]
+    pub workers: Vec<WorkerSummary>,
+    #[serde(default)]
+    pub configuration: BTreeMap<String, serde_json::Value>,
+}
+
+/// A stats window: Storm UI's `:all-time` or a number of seconds (`600`, the only other window
+/// nimbus keeps). Written as Storm writes it: the string `":all-time"` or `"600"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, PartialOrd, Ord)]
+pub enum StatsWindow {
+    #[default]
+    AllTime,
+    Secs(u64),
+}
+
+impl StatsWindow {
+    /// Storm UI's ten-minute window.
+    pub const TEN_MINUTES: StatsWindow = StatsWindow::Secs(600);
+    /// Every window nimbus keeps, as `topologyStats` lists them.
+    pub const KEPT: [StatsWindow; 2] = [StatsWindow::TEN_MINUTES, StatsWindow::AllTime];
+
+    /// Storm UI's `windowPretty` / `windowHint`: `10m 0s`, `All time`.
+    pub fn pretty(self) -> String {
+        match self {
+            StatsWindow::AllTime => "All time".to_owned(),
+            StatsWindow::Secs(secs) => pretty_secs(secs),
+        }
+    }
+
+    /// The window's length, `None` for all time.
+    pub fn secs(self) -> Option<u64> {
+        match self {
+            StatsWindow::AllTime => None,
+            StatsWindow::Secs(secs) => Some(secs),
+        }
+    }
+}
+
+impl fmt::Display for StatsWindow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StatsWindow::AllTime => f.write_str(":all-time"),
+            StatsWindow::Secs(secs) => write!(f, "{secs}"),
+        }
+    }
+}
+
+impl std::str::FromStr for StatsWindow {
+    type Err = String;
+    /// `:all-time` or `600` (the windows nimbus keeps).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            ":all-time" => Ok(StatsWindow::AllTime),
+            "600" => Ok(StatsWindow::TEN_MINUTES),
+            other => Err(format!(
+                "window {:?}: \":all-time\" or \"600\" is required (the windows nimbus keeps)",
+                other.chars().take(40).collect::<String>()
+            )),
+        }
+    }
+}
+
+impl Serialize for StatsWindow {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for StatsWindow {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        match text.as_str() {
+            ":all-time" => Ok(StatsWindow::AllTime),
+            digits => digits.parse().map(StatsWindow::Secs).map_err(|_| {
+                de::Error::invalid_value(de::Unexpected::Str(digits), &"\":all-time\" or a number of seconds")
+            }),
+        }
+    }
+}
+
+/// Storm UI's duration format (uptimes, windows): `1d 2h 3m 4s`, leading zero units left out.
+pub fn pretty_secs(secs: u64) -> String {
+    let units = [(secs / 86_400, "d"), (secs / 3600 % 24, "h"), (secs / 60 % 60, "m"), (secs % 60, "s")];
+    let first = units.iter().position(|&(n, _)| n > 0).unwrap_or(units.len() - 1);
+    units[first..].iter().map(|(n, unit)| format!("{n}{unit}")).collect::<Vec<_>>().join(" ")
+}
+
+/// A latency or capacity as Storm UI writes it: a decimal string with three places.
+pub fn storm_decimal(value: f64) -> String {
+    format!("{:.3}", if value.is_finite() { value } else { 0.0 })
+}
+
+/// One window of a topology's or a spout's stats (`topologyStats`, `spoutSummary`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WindowStats {
+    pub window_pretty: String,
+    pub window: StatsWindow,
+    pub emitted: u64,
+    pub transferred: u64,
+    /// Milliseconds, a decimal string ([`storm_decimal`]).
+    pub complete_latency: String,
+    pub acked: u64,
+    pub failed: u64,
+}
+
+/// One window of a bolt's stats (`boltStats`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BoltWindowStats {
+    pub window_pretty: String,
+    pub window: StatsWindow,
+    pub emitted: u64,
+    pub transferred: u64,
+    pub executed: u64,
+    pub execute_latency: String,
+    pub process_latency: String,
+    pub capacity: String,
+    pub acked: u64,
+    pub failed: u64,
+}
+
+/// A component's last error as Storm UI's spout and bolt rows show it (empty and nulls when
+/// there is none).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LastError {
+    pub last_error: String,
+    pub error_host: String,
+    pub error_port: Option<u16>,
+    /// Seconds since the epoch (Storm's unit here, unlike `componentErrors`).
+    pub error_time: Option<u64>,
+    pub error_lapsed_secs: Option<u64>,
+}
+
+/// A row of the topology page's `spouts`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpoutSummary {
+    pub spout_id: ComponentId,
+    pub executors: usize,
+    pub tasks: u64,
+    pub emitted: u64,
+    pub transferred: u64,
+    pub acked: u64,
+    pub failed: u64,
+    pub complete_latency: String,
+    #[serde(flatten)]
+    pub last_error: LastError,
+}
+
+/// A row of the topology page's `bolts`. `capacity` is Storm's: executed x average execute
+/// latency / the last ten minutes (or the executors' uptime when shorter), of the busiest
+/// executor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BoltSummary {
+    pub bolt_id: ComponentId,
+    pub executors: usize,
+    pub tasks: u64,
+    pub emitted: u64,
+    pub transferred: u64,
+    pub acked: u64,
+    pub failed: u64,
+    pub executed: u64,
+    pub execute_latency: String,
+    pub process_latency: String,
+    pub capacity: String,
+    #[serde(flatten)]
+    pub last_error: LastError,
+}
+
+/// A worker of a topology (`workers`), from the assignment and the supervisors' reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerSummary {
+    pub supervisor_id: SupervisorId,
+    pub host: String,
+    pub port: u16,
+    pub topology_id: TopologyId,
+    pub topology_name: TopologyName,
+    pub executors_total: usize,
+    /// Tasks per component on this worker.
+    pub component_num_tasks: BTreeMap<ComponentId, u64>,
+    /// Empty and 0 until the worker has reported.
+    pub uptime: String,
+    pub uptime_seconds: u64,
+}
+
+/// `GET /api/v1/topology/:id/component/:component[?window=600]`: Storm UI's component page.
+/// Spouts carry `spoutSummary`, bolts `boltStats` (one entry per kept window); both carry
+/// `executorStats` for the requested window and the component's errors, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentPage {
+    pub id: ComponentId,
+    /// The topology's name.
+    pub name: TopologyName,
+    pub topology_id: TopologyId,
+    pub topology_status: String,
+    /// The topology's owner.
+    pub user: String,
+    /// `spout` or `bolt`.
+    pub component_type: String,
+    pub executors: usize,
+    pub tasks: u64,
+    pub window: StatsWindow,
+    pub window_hint: String,
+    pub component_errors: Vec<TopologyError>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spout_summary: Option<Vec<WindowStats>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bolt_stats: Option<Vec<BoltWindowStats>>,
+    pub executor_stats: Vec<ExecutorSummary>,
+}
+
+/// One executor of a component page. Spouts carry `completeLatency`; bolts `executed`,
+/// `executeLatency`, `processLatency` and `capacity`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecutorSummary {
+    /// Storm's `[start-end]`.
+    pub id: String,
+    pub host: String,
+    pub port: u16,
+    pub uptime: String,
+    pub uptime_seconds: u64,
+    pub emitted: u64,
+    pub transferred: u64,
+    pub acked: u64,
+    pub failed: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub complete_latency: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execute_latency: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_latency: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<String>,
+}
+
+/// `GET /api/v1/topology/:id/visualization`: Storm UI's component graph, keyed by component
+/// (system components left out), with Storm's `:`-prefixed keys.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Visualization(pub BTreeMap<ComponentId, VisualizationNode>);
+
+/// One component of the [`Visualization`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VisualizationNode {
+    /// `spout` or `bolt`.
+    #[serde(rename = ":type")]
+    pub kind: String,
+    /// Bolts: the capacity (0 to 1+); spouts: 0.
+    #[serde(rename = ":capacity")]
+    pub capacity: f64,
+    /// Spouts: complete latency; bolts: process latency (ms). `null` before any stats.
+    #[serde(rename = ":latency")]
+    pub latency: Option<f64>,
+    /// Tuples transferred over the last ten minutes (all time while younger).
+    #[serde(rename = ":transferred")]
+    pub transferred: u64,
+    /// Per worker running the component.
+    #[serde(rename = ":stats")]
+    pub stats: Vec<VisualizationStat>,
+    /// The component's page in the UI.
+    #[serde(rename = ":link")]
+    pub link: String,
+    /// The streams into it.
+    #[serde(rename = ":inputs")]
+    pub inputs: Vec<VisualizationInput>,
+}
+
+/// A worker's share of a component, in a [`VisualizationNode`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VisualizationStat {
+    #[serde(rename = ":host")]
+    pub host: String,
+    #[serde(rename = ":port")]
+    pub port: u16,
+    #[serde(rename = ":uptime_secs")]
+    pub uptime_secs: u64,
+    /// Window (`600`, `:all-time`) -> sanitized stream -> tuples transferred. Squall counts per
+    /// component, not per stream: every count is under the component's first output stream.
+    #[serde(rename = ":transferred")]
+    pub transferred: BTreeMap<String, BTreeMap<String, u64>>,
+}
+
+/// A stream into a component, in a [`VisualizationNode`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VisualizationInput {
+    #[serde(rename = ":component")]
+    pub component: ComponentId,
+    #[serde(rename = ":stream")]
+    pub stream: String,
+    /// The stream id made safe for an HTML id: `s` and the id with every character other than
+    /// an ASCII letter or digit replaced by `_`.
+    #[serde(rename = ":sani-stream")]
+    pub sani_stream: String,
+    #[serde(rename = ":grouping")]
+    pub grouping: String,
+}
+
+impl VisualizationInput {
+    /// [`VisualizationInput::sani_stream`] of `stream`.
+    pub fn sanitize(stream: &str) -> String {
+        let safe: String = stream.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+        format!("s{safe}")
+    }
+}
+
+/// `GET /api/v1/cluster/configuration`: nimbus's configuration with Storm's key names, as
+/// Storm UI shows it (a flat object). `nimbus.http.token` and any other secret key is
+/// replaced by `<redacted>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ClusterConfiguration(pub BTreeMap<String, serde_json::Value>);
+
+/// `GET /api/v1/consumergroup/summary`: every consumer group under `/consumers` as nimbus's
+/// lag evaluator last judged it (Burrow's statuses).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsumerGroups {
+    pub groups: Vec<ConsumerGroupSummary>,
+    /// When the evaluator's last pass finished (seconds since the epoch), 0 before the first.
+    pub evaluated_at_secs: u64,
+}
+
+/// One group of [`ConsumerGroups`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsumerGroupSummary {
+    pub group: GroupId,
+    /// Members registered under `/consumers/<group>/ids`.
+    pub members: usize,
+    /// Burrow's group status: `OK`, `WARN`, `ERR`, `NOTFOUND`.
+    pub status: String,
+    /// The worst partition's status (`STOP`, `STALL`, `REWIND` stay themselves).
+    pub worst_status: String,
+    pub partitions: usize,
+    /// The sum of the known partition lags.
+    pub total_lag: u64,
+}
+
+/// `GET /api/v1/consumergroup/:group`: per partition the committed offset, log end, lag,
+/// owner and lag status (Kafka's ConsumerOffsetChecker columns and Burrow's verdict).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsumerGroupDetail {
+    #[serde(flatten)]
+    pub summary: ConsumerGroupSummary,
+    pub partitions_detail: Vec<ConsumerPartition>,
+}
+
+/// One partition of a [`ConsumerGroupDetail`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsumerPartition {
+    pub topic: Topic,
+    pub partition: i32,
+    /// `None` where nothing is committed.
+    pub committed_offset: Option<i64>,
+    /// `None` while the brokers' log end is unknown.
+    pub log_end_offset: Option<i64>,
+    pub lag: Option<u64>,
+    /// The owning consumer thread id, `None` when nobody owns the partition.
+    pub owner: Option<String>,
+    /// Burrow's partition status (`NOTFOUND` before the evaluator saw it).
+    pub status: String,
+}
+
+/// `POST /api/v1/consumergroup/:group/reset-plan`: what `squall offsets reset` would write,
+/// computed and never written (a dry run).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResetPlanRequest {
+    /// Only this topic's partitions (all of the group's when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<Topic>,
+    pub to: ResetTarget,
+    /// The offset for `offset`, the shift for `shiftBy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<i64>,
+}
+
+/// Where a reset plan goes, as `squall offsets reset --to-earliest | --to-latest |
+/// --to-offset N | --shift-by N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ResetTarget {
+    Earliest,
+    Latest,
+    Offset,
+    ShiftBy,
+}
+
+impl ResetPlanRequest {
+    /// What serde cannot check: `offset` and `shiftBy` need a value, the others take none.
+    pub fn validate(&self) -> Result<(), crate::api::BodyError> {
+        let needs = matches!(self.to, ResetTarget::Offset | ResetTarget::ShiftBy);
+        let problem = match (needs, self.value) {
+            (true, None) => Some("a value is required with \"offset\" and \"shiftBy\""),
+            (false, Some(_)) => Some("a value is taken only with \"offset\" and \"shiftBy\""),
+            (true, Some(v)) if self.to == ResetTarget::Offset && v < 0 => Some("an offset is never negative"),
+            _ => None,
+        };
+        match problem {
+            Some(message) => Err(crate::api::BodyError::Invalid {
+                field: Some("value".to_owned()),
+                source: de::Error::custom(message),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The answer to a [`ResetPlanRequest`]: the plan, per partition; nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResetPlan {
+    pub group: GroupId,
+    /// Always `true`: the API only plans; `squall offsets reset --execute` writes.
+    pub dry_run: bool,
+    /// Live members: a reset would be refused while there are any.
+    pub members: usize,
+    pub partitions: Vec<ResetPlanRow>,
+}
+
+/// One partition of a [`ResetPlan`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResetPlanRow {
+    pub topic: Topic,
+    pub partition: i32,
+    pub current_offset: Option<i64>,
+    pub target_offset: i64,
+    /// Set when the target was clamped into the broker's `[earliest, log end]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
 }
 
 /// A delayed kill or rebalance as the topology view shows it.
@@ -203,6 +662,10 @@ pub struct SubmitTopology {
     /// The finished upload of the user's worker binary, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_upload: Option<UploadId>,
+    /// The finished upload of the shell components' resources archive
+    /// (`crate::resources`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources_upload: Option<UploadId>,
     /// Submit deactivated.
     #[serde(default, deserialize_with = "null_as_default")]
     pub inactive: bool,

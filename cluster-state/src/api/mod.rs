@@ -32,7 +32,7 @@ use uuid::Uuid;
 use crate::ids::IdError;
 
 pub use bodies::*;
-pub use routes::{InvalidSegment, Route, RouteError};
+pub use routes::{InvalidSegment, Route, RouteError, ui_templates, window_from_query};
 
 /// The root of every route's path (Storm UI's). Clients build valid paths with [`Route::path`];
 /// this is exported for tests that must send paths no `Route` can make (`{API_PREFIX}/topology/..`).

@@ -3,11 +3,17 @@
 //!
 //! ```text
 //! GET  /api/v1/cluster/summary                    ClusterSummary
+//! GET  /api/v1/cluster/configuration              ClusterConfiguration (secrets redacted)
 //! GET  /api/v1/supervisor/summary                 SupervisorSummaries
 //! GET  /api/v1/nimbus/summary                     NimbusSummaries (every nimbus, who leads)
 //! GET  /api/v1/topology/summary                   TopologySummaries
-//! GET  /api/v1/topology/:id                       TopologyDetail
+//! GET  /api/v1/topology/:id[?window=600]         TopologyDetail (Storm UI's topology page)
 //! GET  /api/v1/topology/:id/errors                TopologyErrors, newest first
+//! GET  /api/v1/topology/:id/component/:component  ComponentPage [?window=600]
+//! GET  /api/v1/topology/:id/visualization         Visualization (the component graph)
+//! GET  /api/v1/consumergroups                     ConsumerGroups (lag evaluator's verdicts)
+//! GET  /api/v1/consumergroup/:group               ConsumerGroupDetail
+//! POST /api/v1/consumergroup/:group/reset-plan    ResetPlanRequest -> ResetPlan (dry run)
 //! GET  /api/v1/topology/:id/code/:file            the code file; sha256 in CHECKSUM_HEADER
 //! GET  /api/v1/prometheus/targets                 [TargetGroup] (Prometheus http_sd)
 //! POST /api/v1/topology/submit                    SubmitTopology -> 201 Submitted
@@ -22,20 +28,28 @@
 
 use hyper::Method;
 
-use crate::api::{API_PREFIX, UploadId};
+use std::collections::BTreeMap;
+
+use crate::api::{API_PREFIX, StatsWindow, UploadId};
 use crate::code::CodeFile;
-use crate::ids::{IdError, TopologyId};
+use crate::ids::{ComponentId, GroupId, IdError, TopologyId};
 
 /// One resource of the API, its path segments typed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
     ClusterSummary,
+    ClusterConfiguration,
     SupervisorSummary,
     NimbusSummary,
     TopologySummary,
     PrometheusTargets,
     Topology(TopologyId),
     TopologyErrors(TopologyId),
+    Component(TopologyId, ComponentId),
+    Visualization(TopologyId),
+    ConsumerGroups,
+    ConsumerGroup(GroupId),
+    ResetPlan(GroupId),
     Code(TopologyId, CodeFile),
     Submit,
     SupervisorHeartbeat,
@@ -72,6 +86,13 @@ pub enum InvalidSegment {
     WaitTime(String),
     #[error("offset {0:?}: a non-negative integer is required")]
     Offset(String),
+    #[error("component id: {0}")]
+    ComponentId(IdError),
+    #[error("consumer group: {0}")]
+    GroupId(IdError),
+    /// A `window` query parameter nimbus keeps no stats for.
+    #[error("{0}")]
+    Window(String),
 }
 
 /// Digits only: `u64::from_str` would also take `+3`.
@@ -90,6 +111,10 @@ fn upload(value: &str) -> Result<UploadId, InvalidSegment> {
     value.parse().map_err(InvalidSegment::UploadId)
 }
 
+fn consumer_group(value: &str) -> Result<GroupId, InvalidSegment> {
+    GroupId::new(value).map_err(InvalidSegment::GroupId)
+}
+
 fn wait_time(value: &str) -> Result<u64, InvalidSegment> {
     whole_number(value).ok_or_else(|| InvalidSegment::WaitTime(value.chars().take(40).collect()))
 }
@@ -99,9 +124,11 @@ impl Route {
     pub fn method(&self) -> Method {
         use Route::*;
         match self {
-            ClusterSummary | SupervisorSummary | NimbusSummary | TopologySummary | PrometheusTargets
-            | Topology(_) | TopologyErrors(_) | Code(..) => Method::GET,
+            ClusterSummary | ClusterConfiguration | SupervisorSummary | NimbusSummary | TopologySummary
+            | PrometheusTargets | Topology(_) | TopologyErrors(_) | Component(..) | Visualization(_)
+            | ConsumerGroups | ConsumerGroup(_) | Code(..) => Method::GET,
             Submit
+            | ResetPlan(_)
             | SupervisorHeartbeat
             | Activate(_)
             | Deactivate(_)
@@ -117,12 +144,18 @@ impl Route {
     pub fn path(&self) -> String {
         let rest = match self {
             Route::ClusterSummary => "cluster/summary".to_owned(),
+            Route::ClusterConfiguration => "cluster/configuration".to_owned(),
             Route::SupervisorSummary => "supervisor/summary".to_owned(),
             Route::NimbusSummary => "nimbus/summary".to_owned(),
             Route::TopologySummary => "topology/summary".to_owned(),
             Route::PrometheusTargets => "prometheus/targets".to_owned(),
             Route::Topology(id) => format!("topology/{id}"),
             Route::TopologyErrors(id) => format!("topology/{id}/errors"),
+            Route::Component(id, component) => format!("topology/{id}/component/{component}"),
+            Route::Visualization(id) => format!("topology/{id}/visualization"),
+            Route::ConsumerGroups => "consumergroups".to_owned(),
+            Route::ConsumerGroup(group) => format!("consumergroup/{group}"),
+            Route::ResetPlan(group) => format!("consumergroup/{group}/reset-plan"),
             Route::Code(id, file) => format!("topology/{id}/code/{}", file.file_name()),
             Route::Submit => "topology/submit".to_owned(),
             Route::SupervisorHeartbeat => "supervisor/heartbeat".to_owned(),
@@ -146,6 +179,10 @@ impl Route {
         let (get, post) = (Method::GET, Method::POST);
         let (method, route) = match segments.as_slice() {
             ["cluster", "summary"] => (get, Ok(Route::ClusterSummary)),
+            ["cluster", "configuration"] => (get, Ok(Route::ClusterConfiguration)),
+            ["consumergroups"] => (get, Ok(Route::ConsumerGroups)),
+            ["consumergroup", group] => (get, consumer_group(group).map(Route::ConsumerGroup)),
+            ["consumergroup", group, "reset-plan"] => (post, consumer_group(group).map(Route::ResetPlan)),
             ["supervisor", "summary"] => (get, Ok(Route::SupervisorSummary)),
             ["nimbus", "summary"] => (get, Ok(Route::NimbusSummary)),
             ["topology", "summary"] => (get, Ok(Route::TopologySummary)),
@@ -155,6 +192,14 @@ impl Route {
             ["supervisor", "heartbeat"] => (post, Ok(Route::SupervisorHeartbeat)),
             ["topology", id] => (get, topology(id).map(Route::Topology)),
             ["topology", id, "errors"] => (get, topology(id).map(Route::TopologyErrors)),
+            ["topology", id, "visualization"] => (get, topology(id).map(Route::Visualization)),
+            ["topology", id, "component", component] => (
+                get,
+                topology(id).and_then(|id| {
+                    let component = ComponentId::new(*component).map_err(InvalidSegment::ComponentId)?;
+                    Ok(Route::Component(id, component))
+                }),
+            ),
             ["topology", id, "code", file] => (
                 get,
                 topology(id).and_then(|id| {
@@ -188,6 +233,65 @@ impl Route {
     }
 }
 
+/// The `window` of a query string (`window=600`, `window=:all-time`, `:` maybe as `%3A`);
+/// `:all-time` when absent. Other parameters (Storm's `sys`, `callback`) are ignored.
+pub fn window_from_query(query: Option<&str>) -> Result<StatsWindow, InvalidSegment> {
+    let Some(query) = query else { return Ok(StatsWindow::AllTime) };
+    for pair in query.split('&') {
+        if let Some(value) = pair.strip_prefix("window=") {
+            let value = value.replace("%3A", ":").replace("%3a", ":");
+            return value.parse().map_err(InvalidSegment::Window);
+        }
+    }
+    Ok(StatsWindow::AllTime)
+}
+
+/// Path templates of the routes the web UI calls, by name, with `{id}`, `{component}`,
+/// `{group}` and `{wait}` where the UI puts (URL-encoded) values. Built from [`Route::path`],
+/// so the UI's scripts never spell a path; nimbus embeds them in the UI's page.
+pub fn ui_templates() -> BTreeMap<&'static str, String> {
+    const ID: &str = "uiplaceholderid-1-1";
+    const COMPONENT: &str = "uiplaceholdercomponent";
+    const GROUP: &str = "uiplaceholdergroup";
+    const WAIT: u64 = 4_242_424_242;
+    let (Ok(id), Ok(component), Ok(group)) =
+        (ID.parse::<TopologyId>(), ComponentId::new(COMPONENT), GroupId::new(GROUP))
+    else {
+        // The placeholders are valid ids (a unit test holds them to it).
+        return BTreeMap::new();
+    };
+    let routes = [
+        ("clusterSummary", Route::ClusterSummary),
+        ("clusterConfiguration", Route::ClusterConfiguration),
+        ("supervisorSummary", Route::SupervisorSummary),
+        ("nimbusSummary", Route::NimbusSummary),
+        ("topologySummary", Route::TopologySummary),
+        ("topology", Route::Topology(id.clone())),
+        ("topologyErrors", Route::TopologyErrors(id.clone())),
+        ("component", Route::Component(id.clone(), component)),
+        ("visualization", Route::Visualization(id.clone())),
+        ("activate", Route::Activate(id.clone())),
+        ("deactivate", Route::Deactivate(id.clone())),
+        ("kill", Route::Kill { id: id.clone(), wait_secs: WAIT }),
+        ("rebalance", Route::Rebalance { id, wait_secs: WAIT }),
+        ("consumerGroups", Route::ConsumerGroups),
+        ("consumerGroup", Route::ConsumerGroup(group.clone())),
+        ("resetPlan", Route::ResetPlan(group)),
+    ];
+    routes
+        .into_iter()
+        .map(|(name, route)| {
+            let path = route
+                .path()
+                .replace(ID, "{id}")
+                .replace(COMPONENT, "{component}")
+                .replace(GROUP, "{group}")
+                .replace(&WAIT.to_string(), "{wait}");
+            (name, path)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -204,6 +308,12 @@ mod tests {
             Route::PrometheusTargets,
             Route::Topology(id.clone()),
             Route::TopologyErrors(id.clone()),
+            Route::ClusterConfiguration,
+            Route::Component(id.clone(), ComponentId::new("split").unwrap()),
+            Route::Visualization(id.clone()),
+            Route::ConsumerGroups,
+            Route::ConsumerGroup(GroupId::new("clicks").unwrap()),
+            Route::ResetPlan(GroupId::new("clicks").unwrap()),
             Route::Code(id.clone(), CodeFile::Topology),
             Route::Code(id.clone(), CodeFile::WorkerBinary),
             Route::Submit,
@@ -239,6 +349,12 @@ mod tests {
                 "GET /api/v1/prometheus/targets",
                 "GET /api/v1/topology/wc-1-1700000000",
                 "GET /api/v1/topology/wc-1-1700000000/errors",
+                "GET /api/v1/cluster/configuration",
+                "GET /api/v1/topology/wc-1-1700000000/component/split",
+                "GET /api/v1/topology/wc-1-1700000000/visualization",
+                "GET /api/v1/consumergroups",
+                "GET /api/v1/consumergroup/clicks",
+                "POST /api/v1/consumergroup/clicks/reset-plan",
                 "GET /api/v1/topology/wc-1-1700000000/code/topology.yaml",
                 "GET /api/v1/topology/wc-1-1700000000/code/worker",
                 "POST /api/v1/topology/submit",
@@ -278,10 +394,50 @@ mod tests {
             ("/api/v1/uploads/nope/finish", Method::POST, "invalid upload id"),
             ("/api/v1/uploads/123e4567e89b42d3a456426614174000/chunks/0", Method::POST, "invalid upload id"),
             ("/api/v1/uploads/123e4567-e89b-42d3-a456-426614174000/chunks/x", Method::POST, "offset"),
+            ("/api/v1/topology/wc-1-1/component/", Method::GET, "component id"),
+            ("/api/v1/topology/wc-1-1/component/..", Method::GET, "component id"),
+            ("/api/v1/consumergroup/../reset-plan", Method::POST, "consumer group"),
         ] {
             let (m, message) = invalid(path);
             assert_eq!(m, method, "{path}");
             assert!(message.contains(says), "{path}: {message}");
+        }
+    }
+
+    #[test]
+    fn windows_come_from_the_query() {
+        assert_eq!(window_from_query(None), Ok(StatsWindow::AllTime));
+        assert_eq!(window_from_query(Some("sys=1")), Ok(StatsWindow::AllTime));
+        assert_eq!(window_from_query(Some("sys=0&window=600")), Ok(StatsWindow::TEN_MINUTES));
+        assert_eq!(window_from_query(Some("window=%3Aall-time")), Ok(StatsWindow::AllTime));
+        assert_eq!(window_from_query(Some("window=:all-time")), Ok(StatsWindow::AllTime));
+        let bad = window_from_query(Some("window=10800")).unwrap_err().to_string();
+        assert!(bad.contains("\"10800\"") && bad.contains("\"600\""), "{bad}");
+    }
+
+    /// The UI's templates, filled in, are the routes they name.
+    #[test]
+    fn ui_templates_fill_into_their_routes() {
+        let templates = ui_templates();
+        assert_eq!(templates.len(), 16);
+        let fill = |name: &str| {
+            templates[name]
+                .replace("{id}", "wc-1-1700000000")
+                .replace("{component}", "split")
+                .replace("{group}", "clicks")
+                .replace("{wait}", "30")
+        };
+        let id: TopologyId = "wc-1-1700000000".parse().unwrap();
+        assert_eq!(Route::parse(&fill("topology")), Ok(Route::Topology(id.clone())));
+        assert_eq!(
+            Route::parse(&fill("component")),
+            Ok(Route::Component(id.clone(), ComponentId::new("split").unwrap()))
+        );
+        assert_eq!(Route::parse(&fill("kill")), Ok(Route::Kill { id, wait_secs: 30 }));
+        assert_eq!(Route::parse(&fill("resetPlan")), Ok(Route::ResetPlan(GroupId::new("clicks").unwrap())));
+        for (name, template) in &templates {
+            assert!(Route::parse(&fill(name)).is_ok(), "{name}: {template}");
+            assert!(!template.contains("uiplaceholder"), "{name}: {template}");
         }
     }
 }

@@ -117,6 +117,11 @@ impl LagMetrics {
         Ok(metrics)
     }
 
+    /// The last pass's report (what the next scrape shows).
+    pub fn latest(&self) -> LagReport {
+        self.report.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
     /// Replaces the report the next scrape shows.
     pub fn publish(&self, report: LagReport) {
         *self.report.lock().unwrap_or_else(PoisonError::into_inner) = report;

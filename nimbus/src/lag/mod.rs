@@ -8,10 +8,12 @@
 //!   from one pass's reads to a report.
 //! - [`metrics`]: the report as Prometheus series, rendered at scrape time.
 //! - [`monitor`]: the task that reads ZooKeeper and the brokers every interval.
+//! - [`view`]: the consumer-group pages of the API (verdicts, owners, reset dry runs).
 
 pub mod evaluator;
 pub mod metrics;
 pub mod monitor;
+pub mod view;
 pub mod window;
 
 pub use evaluator::{Rules, Status};

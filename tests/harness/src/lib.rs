@@ -274,7 +274,6 @@ impl ZkServer {
         self.start_again();
     }
 
-    /// Process id of the running JVM; `None` while stopped.
     /// The answer to a four-letter word (`srvr`, `mntr`, ...).
     pub fn four_letter(&self, word: &str) -> io::Result<String> {
         let address = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
@@ -309,6 +308,7 @@ impl ZkServer {
             .collect())
     }
 
+    /// Process id of the running JVM; `None` while stopped.
     pub fn pid(&self) -> Option<u32> {
         self.child_slot().as_ref().map(Child::id)
     }

@@ -241,16 +241,23 @@ pub(super) fn client(
     write_by(s, &secret.sign(theirs, topology_id, TO_SENDER, peer)?, deadline, peer)
 }
 
-/// The receiver's side: read the hello, prove the secret, check the sender's answer, all
-/// before `deadline`.
-pub(super) fn server(
-    s: &mut impl HandshakeStream,
-    topology_id: &str,
-    secret: &TopologySecret,
-    peer: &str,
-    deadline: std::time::Instant,
-) -> Result<()> {
-    let hello = read_small_frame(s, deadline, peer)?;
+/// The receiver's side, on the gatekeeper's runtime (see `receive.rs`): read the hello, prove
+/// the secret, check the sender's answer, all within [`HANDSHAKE_TIMEOUT`].
+pub(super) async fn server<S>(s: &mut S, topology_id: &str, secret: &TopologySecret, peer: &str) -> Result<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, server_exchange(s, topology_id, secret, peer))
+        .await
+        .unwrap_or_else(|_| Err(refused(peer, format!("no complete handshake within {HANDSHAKE_TIMEOUT:?}"))))
+}
+
+async fn server_exchange<S>(s: &mut S, topology_id: &str, secret: &TopologySecret, peer: &str) -> Result<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncWriteExt;
+    let hello = read_small_frame_async(s, peer).await?;
     let Some(rest) = hello.strip_prefix(MAGIC) else {
         return Err(refused(peer, "not a Squall worker hello (protocol SQL2)"));
     };
@@ -268,15 +275,42 @@ pub(super) fn server(
         ));
     }
     let nonce: [u8; NONCE_BYTES] = rand::random();
-    let mut challenge = Vec::with_capacity(NONCE_BYTES + MAC_BYTES);
+    let mut challenge = Vec::with_capacity(4 + NONCE_BYTES + MAC_BYTES);
+    challenge.extend_from_slice(&((NONCE_BYTES + MAC_BYTES) as u32).to_be_bytes());
     challenge.extend_from_slice(&nonce);
     challenge.extend_from_slice(&secret.sign(theirs, topology_id, TO_RECEIVER, peer)?);
-    write_by(s, &challenge, deadline, peer)?;
-    let answer = read_small_frame(s, deadline, peer)?;
+    s.write_all(&challenge).await.map_err(|e| Error::io(format!("write to {peer}"), e))?;
+    // A TLS session holds written bytes until flushed.
+    s.flush().await.map_err(|e| Error::io(format!("write to {peer}"), e))?;
+    let answer = read_small_frame_async(s, peer).await?;
     if !secret.verify(&nonce, topology_id, TO_SENDER, &answer) {
         return Err(refused(peer, format!("wrong answer to the challenge of topology {topology_id}")));
     }
     Ok(())
+}
+
+/// Reads one handshake frame (the caller bounds the time).
+async fn read_small_frame_async<S>(s: &mut S, peer: &str) -> Result<Vec<u8>>
+where
+    S: tokio::io::AsyncRead + Unpin,
+{
+    use tokio::io::AsyncReadExt;
+    let closed = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            refused(peer, "connection closed during the handshake")
+        } else {
+            Error::io(format!("read from {peer}"), e)
+        }
+    };
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).await.map_err(closed)?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > HANDSHAKE_LIMIT {
+        return Err(refused(peer, format!("handshake message of {len} bytes (at most {HANDSHAKE_LIMIT})")));
+    }
+    let mut buf = vec![0; len];
+    s.read_exact(&mut buf).await.map_err(closed)?;
+    Ok(buf)
 }
 
 #[cfg(test)]

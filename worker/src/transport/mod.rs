@@ -27,8 +27,10 @@
 //! thread reconnects with backoff, so one dead worker does not stall the rest.
 //!
 //! The receiver accepts at most a configured number of connections at once (a worker has few
-//! peers; more are closed at once and counted), reads each with a thread of its own whose
-//! buffer grows only as bytes arrive, and forgets a connection when its thread ends.
+//! peers; at the limit the oldest one still in its handshake is evicted, and only when all are
+//! authenticated is a new one closed), runs every handshake on one low-priority gatekeeper
+//! thread, reads each authenticated connection with a thread of its own whose buffer grows
+//! only as bytes arrive, and forgets a connection when its thread ends.
 //!
 //! Layout: `codec.rs` (the wire format, [`FrameBuf`](codec::FrameBuf)), `auth.rs` (secret and
 //! handshake), `tls.rs` ([`TransportTls`], [`PeerStream`]), `send.rs` (`PeerSender`),

@@ -112,6 +112,13 @@ fn derive_key(secret: &TopologySecret) -> Result<(Arc<dyn rustls::sign::SigningK
     Ok((key, spki))
 }
 
+impl TransportTls {
+    /// The receiving side's acceptor, for the gatekeeper's runtime.
+    pub(super) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.server.clone())
+    }
+}
+
 /// Accepts exactly one key, the topology's, from either side of a connection.
 #[derive(Debug)]
 struct PinnedKey {
@@ -235,6 +242,12 @@ impl PeerStream {
         PeerStream(Inner::Plain(tcp))
     }
 
+    /// A receiver's connection whose TLS handshake (and maybe more) `session` has done on
+    /// the gatekeeper's runtime.
+    pub(crate) fn server(session: ServerConnection, tcp: TcpStream) -> Self {
+        PeerStream(Inner::Server(Box::new(StreamOwned::new(session, tcp))))
+    }
+
     /// The socket underneath, for timeouts and for shutting it down from another thread.
     pub fn tcp(&self) -> &TcpStream {
         match &self.0 {
@@ -306,19 +319,6 @@ pub(super) fn connect(
     let mut tcp = tcp;
     handshake(&mut conn, &mut tcp, deadline, peer)?;
     Ok(PeerStream(Inner::Client(Box::new(StreamOwned::new(conn, tcp)))))
-}
-
-/// The receiver's TLS handshake over `tcp`, finished before `deadline`.
-pub(super) fn accept(
-    tcp: TcpStream,
-    tls: &TransportTls,
-    deadline: Instant,
-    peer: &str,
-) -> Result<PeerStream> {
-    let mut conn = ServerConnection::new(tls.server.clone()).map_err(tls_error)?;
-    let mut tcp = tcp;
-    handshake(&mut conn, &mut tcp, deadline, peer)?;
-    Ok(PeerStream(Inner::Server(Box::new(StreamOwned::new(conn, tcp)))))
 }
 
 /// Drives a handshake on a blocking socket, each read and write bounded by what is left until
