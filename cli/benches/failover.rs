@@ -136,6 +136,7 @@ async fn main() {
         uptime_secs: 1,
         version: "0".into(),
         metrics_endpoint: None,
+        metrics_scheme: cluster_state::znode::MetricsScheme::Http,
     };
     let path = StormPaths::default().supervisor(&supervisor.supervisor_id);
     session.create(&path, &supervisor.encode(), CreateMode::Persistent.with_parents()).await.unwrap();

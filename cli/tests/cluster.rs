@@ -980,6 +980,7 @@ async fn a_leader_paused_past_its_session_writes_nothing_after_and_rejoins_as_fo
         uptime_secs: 1,
         version: "0".into(),
         metrics_endpoint: None,
+        metrics_scheme: cluster_state::znode::MetricsScheme::Http,
     };
     let path = paths.supervisor(&supervisor.supervisor_id);
     session

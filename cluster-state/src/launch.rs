@@ -10,7 +10,9 @@
 //! worker binary built against an older `worker` crate gets the same command line. The
 //! ZooKeeper timeouts and the log rotation (`--log-max-bytes`, `--log-max-files`) came later,
 //! so they are written only when they differ from their defaults: an older binary keeps working on a cluster that keeps the defaults, and on one
-//! that does not it refuses the flag by name instead of running with the wrong timeout.
+//! that does not it refuses the flag by name instead of running with the wrong timeout. The
+//! `/metrics` TLS files (`worker.metrics.tls.*`) came later still and are written only when set,
+//! with the same consequence.
 //!
 //! ```
 //! use cluster_state::launch::WorkerLaunch;
@@ -86,6 +88,12 @@ pub struct WorkerLaunch {
     /// `--log-max-files`: `worker.log.max.files`, how many log files are kept (the live one
     /// included).
     pub log_max_files: u32,
+    /// `--metrics-tls-cert`, `--metrics-tls-key`, `--metrics-tls-client-ca`: the cluster's
+    /// `worker.metrics.tls.cert` / `.key` / `.client.ca`, which make the worker's `/metrics`
+    /// HTTPS only (`None`: plain HTTP).
+    pub metrics_tls_cert: Option<PathBuf>,
+    pub metrics_tls_key: Option<PathBuf>,
+    pub metrics_tls_client_ca: Option<PathBuf>,
 }
 
 /// A worker command line that does not parse; each variant names the flag at fault.
@@ -128,10 +136,13 @@ enum Flag {
     ConnectionTimeout,
     LogMaxBytes,
     LogMaxFiles,
+    MetricsTlsCert,
+    MetricsTlsKey,
+    MetricsTlsClientCa,
 }
 
 impl Flag {
-    const ALL: [Flag; 14] = [
+    const ALL: [Flag; 17] = [
         Flag::TopologyId,
         Flag::SupervisorId,
         Flag::Port,
@@ -146,6 +157,9 @@ impl Flag {
         Flag::ConnectionTimeout,
         Flag::LogMaxBytes,
         Flag::LogMaxFiles,
+        Flag::MetricsTlsCert,
+        Flag::MetricsTlsKey,
+        Flag::MetricsTlsClientCa,
     ];
 
     fn name(self) -> &'static str {
@@ -164,6 +178,9 @@ impl Flag {
             Flag::ConnectionTimeout => "--zookeeper-connection-timeout-ms",
             Flag::LogMaxBytes => "--log-max-bytes",
             Flag::LogMaxFiles => "--log-max-files",
+            Flag::MetricsTlsCert => "--metrics-tls-cert",
+            Flag::MetricsTlsKey => "--metrics-tls-key",
+            Flag::MetricsTlsClientCa => "--metrics-tls-client-ca",
         }
     }
 
@@ -197,6 +214,9 @@ impl WorkerLaunch {
             zookeeper_connection_timeout_ms: DEFAULT_CONNECTION_TIMEOUT_MS,
             log_max_bytes: worker_logs::DEFAULT_MAX_BYTES,
             log_max_files: worker_logs::DEFAULT_MAX_FILES,
+            metrics_tls_cert: None,
+            metrics_tls_key: None,
+            metrics_tls_client_ca: None,
         }
     }
 
@@ -253,6 +273,9 @@ impl WorkerLaunch {
             Flag::LogMaxBytes => timeout(self.log_max_bytes, worker_logs::DEFAULT_MAX_BYTES),
             Flag::LogMaxFiles => (self.log_max_files != worker_logs::DEFAULT_MAX_FILES)
                 .then(|| self.log_max_files.to_string().into()),
+            Flag::MetricsTlsCert => self.metrics_tls_cert.clone().map(OsString::from),
+            Flag::MetricsTlsKey => self.metrics_tls_key.clone().map(OsString::from),
+            Flag::MetricsTlsClientCa => self.metrics_tls_client_ca.clone().map(OsString::from),
         }
     }
 
@@ -339,6 +362,9 @@ impl WorkerLaunch {
                 });
             }
         }
+        launch.metrics_tls_cert = take(Flag::MetricsTlsCert).map(PathBuf::from);
+        launch.metrics_tls_key = take(Flag::MetricsTlsKey).map(PathBuf::from);
+        launch.metrics_tls_client_ca = take(Flag::MetricsTlsClientCa).map(PathBuf::from);
         Ok(launch)
     }
 }

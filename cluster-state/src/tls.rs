@@ -1,4 +1,4 @@
-//! TLS for Squall's HTTP (nimbus's API, supervisors' `/metrics`) with rustls: a server's
+//! TLS for Squall's HTTP (nimbus's API, supervisors' and workers' `/metrics`) with rustls: a server's
 //! certificate and key, optionally a client CA (mutual TLS: a client without a certificate
 //! that chains to it is refused in the handshake), and a client's CA to verify the server
 //! with, optionally its own certificate and key.
@@ -30,6 +30,30 @@ pub const NIMBUS_CLIENT_KEY: &str = "nimbus.http.tls.client.key";
 pub const NIMBUS_CERT: &str = "nimbus.http.tls.cert";
 pub const NIMBUS_KEY: &str = "nimbus.http.tls.key";
 pub const NIMBUS_CLIENT_CA: &str = "nimbus.http.tls.client.ca";
+
+/// The keys of a supervisor's `/metrics` as a server.
+pub const SUPERVISOR_METRICS_CERT: &str = "supervisor.metrics.tls.cert";
+pub const SUPERVISOR_METRICS_KEY: &str = "supervisor.metrics.tls.key";
+pub const SUPERVISOR_METRICS_CLIENT_CA: &str = "supervisor.metrics.tls.client.ca";
+/// The keys of workers' `/metrics` (the supervisor passes them on in the worker's launch).
+pub const WORKER_METRICS_CERT: &str = "worker.metrics.tls.cert";
+pub const WORKER_METRICS_KEY: &str = "worker.metrics.tls.key";
+pub const WORKER_METRICS_CLIENT_CA: &str = "worker.metrics.tls.client.ca";
+
+/// A server's TLS from its three settings under `keys` (cert, key, client CA); `None`: plain.
+pub fn server(
+    keys: [&'static str; 3],
+    cert: Option<&Path>,
+    key: Option<&Path>,
+    client_ca: Option<&Path>,
+) -> Result<Option<ServerTls>, TlsError> {
+    ServerTls::from_settings(
+        TlsFile::from_setting(keys[0], cert),
+        TlsFile::from_setting(keys[1], key),
+        TlsFile::from_setting(keys[2], client_ca),
+        keys,
+    )
+}
 
 /// A client of nimbus's API from its three settings (`None`: plain HTTP).
 pub fn nimbus_client(

@@ -312,6 +312,11 @@ fn supervisor_heartbeat_keeps_its_keys_and_refuses_garbage_naming_the_field() {
     // What an older supervisor's worker without stats sends: the optional fields may be absent.
     let minimal = r#"{"supervisorId":"s","timeSecs":1,"uptimeSecs":1,"workers":[{"topologyId":"wc-1-1700000000","port":1,"executors":[],"timeSecs":1}]}"#;
     assert!(api::decode_request::<SupervisorHeartbeat>(minimal.as_bytes()).is_ok());
+    // A worker serving `/metrics` over TLS says so; plain HTTP is not written.
+    let https = HEARTBEAT.replace("38211\"}", "38211\",\"metricsScheme\":\"https\"}");
+    let beat_https: SupervisorHeartbeat = api::decode_request(https.as_bytes()).unwrap();
+    assert_eq!(beat_https.workers[0].metrics_scheme, cluster_state::znode::MetricsScheme::Https);
+    assert_eq!(serde_json::to_string(&beat_https).unwrap(), https);
     for (body, says) in [
         (
             HEARTBEAT.replace("\"port\":6700", "\"port\":0"),

@@ -51,12 +51,17 @@ fn golden_argv_with_everything_set() {
     launch.zookeeper_connection_timeout_ms = 3000;
     launch.log_max_bytes = 1_048_576;
     launch.log_max_files = 4;
+    launch.metrics_tls_cert = Some("/etc/squall/tls/worker.pem".into());
+    launch.metrics_tls_key = Some("/etc/squall/tls/worker.key".into());
+    launch.metrics_tls_client_ca = Some("/etc/squall/tls/ca.pem".into());
     let line = "worker --topology-id wc-1-1700000000 --supervisor-id 6f1c-9a2b --port 6700 \
                 --worker-id 3d4e-77aa --zookeeper zk1:2181 --storm-root /squall/storm \
                 --topology-file /var/storm/supervisor/stormdist/wc-1-1700000000/topology.yaml \
                 --local-dir /var/storm --hostname host1.example --bind-host 10.0.0.7 \
                 --zookeeper-session-timeout-ms 7000 --zookeeper-connection-timeout-ms 3000 \
-                --log-max-bytes 1048576 --log-max-files 4";
+                --log-max-bytes 1048576 --log-max-files 4 \
+                --metrics-tls-cert /etc/squall/tls/worker.pem --metrics-tls-key /etc/squall/tls/worker.key \
+                --metrics-tls-client-ca /etc/squall/tls/ca.pem";
     assert_eq!(strings(&launch.to_args()).join(" "), line);
     assert_eq!(WorkerLaunch::parse(args(line)).unwrap(), launch);
     let options = launch.session_options();

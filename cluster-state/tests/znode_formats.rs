@@ -13,9 +13,9 @@ use cluster_state::ids::{
 };
 use cluster_state::znode::{
     Assignment, BrokerRegistration, ConsumerRegistration, DecodeError, DelayedTransition, ErrorInfo,
-    ExecutorAssignment, ExecutorStats, LocalWorkerHeartbeat, NimbusSummary, OffsetData, OffsetSnapshot,
-    OwnerData, StormBase, SubscriptionPattern, SupervisorInfo, TopicRegistration, TopologyStatus,
-    WorkerHeartbeat, ZnodeData,
+    ExecutorAssignment, ExecutorStats, LocalWorkerHeartbeat, MetricsScheme, NimbusSummary, OffsetData,
+    OffsetSnapshot, OwnerData, StormBase, SubscriptionPattern, SupervisorInfo, TopicRegistration,
+    TopologyStatus, WorkerHeartbeat, ZnodeData,
 };
 use proptest::prelude::*;
 
@@ -266,6 +266,7 @@ fn supervisor_info() -> SupervisorInfo {
         uptime_secs: 100,
         version: "0.1.0".into(),
         metrics_endpoint: Some("host1:9100".into()),
+        metrics_scheme: MetricsScheme::Http,
     }
 }
 
@@ -280,6 +281,13 @@ fn supervisor_info_golden() {
         r#"{"version":1,"time_secs":1700000100,"hostname":"host1","supervisor_id":"sup-a1","used_ports":[],"all_ports":[6700,6701],"uptime_secs":100,"squall_version":"0.1.0","metrics_endpoint":null}"#,
     );
     assert_ignores_unknown_fields::<SupervisorInfo>(SUPERVISOR_INFO);
+    // `/metrics` over TLS, added within version 1: the scheme written only for HTTPS.
+    let https = SupervisorInfo { metrics_scheme: MetricsScheme::Https, ..supervisor_info() };
+    assert_golden(&https, &SUPERVISOR_INFO.replace("9100\"}", "9100\",\"metrics_scheme\":\"https\"}"));
+    assert_rejects::<SupervisorInfo>(
+        SUPERVISOR_INFO.replace("9100\"}", "9100\",\"metrics_scheme\":\"gopher\"}").as_bytes(),
+        "unknown variant",
+    );
 }
 
 #[test]
@@ -311,6 +319,7 @@ fn heartbeat() -> WorkerHeartbeat {
         time_secs: 1_700_000_070,
         uptime_secs: 60,
         metrics_endpoint: None,
+        metrics_scheme: MetricsScheme::Http,
     }
 }
 
@@ -333,6 +342,9 @@ fn worker_heartbeat_golden() {
     let expected =
         HEARTBEAT.replace("\"uptime_secs\":60}", "\"uptime_secs\":60,\"metrics_endpoint\":\"host1:38211\"}");
     assert_golden(&with_endpoint, &expected);
+    let https = WorkerHeartbeat { metrics_scheme: MetricsScheme::Https, ..with_endpoint.clone() };
+    assert_golden(&https, &expected.replace("38211\"}", "38211\",\"metrics_scheme\":\"https\"}"));
+    assert!(https.content_differs(&with_endpoint), "a scheme change is a content change");
 }
 
 #[test]
@@ -411,6 +423,7 @@ fn local_worker_heartbeat_golden() {
         start_time_secs: None,
         executor_stats: vec![],
         metrics_endpoint: None,
+        metrics_scheme: MetricsScheme::Http,
     };
     assert_golden(&beat, LOCAL_BEAT);
     // What the worker writes since the supervisor forwards stats to nimbus.
@@ -427,6 +440,7 @@ fn local_worker_heartbeat_golden() {
             complete_latency_ms: 12.0,
         }],
         metrics_endpoint: Some("host1:38211".into()),
+        metrics_scheme: MetricsScheme::Http,
         ..beat
     };
     assert_golden(
@@ -434,6 +448,14 @@ fn local_worker_heartbeat_golden() {
         r#"{"version":1,"time_secs":1700000070,"topology_id":"wc-1-1700000000","executors":[[1,2],[3,3]],"port":6700,"start_time_secs":1700000010,"executor_stats":[{"executor":[1,2],"emitted":10,"transferred":10,"acked":8,"failed":1,"execute_latency_ms":0.5,"process_latency_ms":0.25,"complete_latency_ms":12.0}],"metrics_endpoint":"host1:38211"}"#,
     );
     assert_ignores_unknown_fields::<LocalWorkerHeartbeat>(LOCAL_BEAT);
+    let https = LocalWorkerHeartbeat { metrics_scheme: MetricsScheme::Https, ..full };
+    let decoded = LocalWorkerHeartbeat::decode(PATH, &https.encode()).unwrap();
+    assert_eq!(decoded, https);
+    assert!(
+        String::from_utf8(https.encode())
+            .unwrap()
+            .ends_with(r#""metrics_endpoint":"host1:38211","metrics_scheme":"https"}"#)
+    );
     assert_eq!(
         LocalWorkerHeartbeat::path(std::path::Path::new("/var/squall"), "w-1"),
         std::path::Path::new("/var/squall/workers/w-1/heartbeat")

@@ -674,6 +674,7 @@ mod tests {
             uptime_secs: 1,
             version: "0".into(),
             metrics_endpoint: None,
+            metrics_scheme: cluster_state::znode::MetricsScheme::Http,
         }
     }
 

@@ -144,6 +144,7 @@ impl HeartbeatStore {
                         topology: worker.topology_id.clone(),
                         slot: WorkerSlot { node: supervisor.clone(), port: worker.port },
                         endpoint: endpoint.clone(),
+                        scheme: worker.metrics_scheme,
                     });
                 }
             }
@@ -206,6 +207,7 @@ mod tests {
                     uptime_secs: 0,
                     executor_stats: vec![],
                     metrics_endpoint: Some(format!("h:{port}")),
+                    metrics_scheme: cluster_state::znode::MetricsScheme::Http,
                 })
                 .collect(),
         }

@@ -216,6 +216,8 @@ pub struct WorkerEndpoint {
     pub topology: TopologyId,
     pub slot: WorkerSlot,
     pub endpoint: String,
+    /// HTTP or HTTPS (the worker's `worker.metrics.tls.*`).
+    pub scheme: cluster_state::znode::MetricsScheme,
 }
 
 /// The metrics endpoints the workers of `topologies` published in their heartbeats.
@@ -230,7 +232,13 @@ pub async fn read_worker_endpoints(
         let read = read_workerbeats(session, paths, topology).await?;
         skipped.extend(read.skipped);
         endpoints.extend(read.value.into_iter().filter_map(|(slot, beat)| {
-            Some(WorkerEndpoint { topology: topology.clone(), slot, endpoint: beat.metrics_endpoint? })
+            let scheme = beat.metrics_scheme;
+            Some(WorkerEndpoint {
+                topology: topology.clone(),
+                slot,
+                endpoint: beat.metrics_endpoint?,
+                scheme,
+            })
         }));
     }
     Ok(Read { value: endpoints, skipped })

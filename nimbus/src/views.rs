@@ -12,7 +12,7 @@ use cluster_state::api::{
     TopologyDetail, TopologySummary,
 };
 use cluster_state::ids::{SupervisorId, TopologyId, WorkerSlot};
-use cluster_state::znode::{Assignment, DelayedTransition, StormBase, SupervisorInfo};
+use cluster_state::znode::{Assignment, DelayedTransition, MetricsScheme, StormBase, SupervisorInfo};
 
 /// Everything the summaries are computed from, read in one pass.
 #[derive(Debug, Clone, Default)]
@@ -141,20 +141,28 @@ pub fn discovery_targets(
         labels: labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
     };
     let mut groups = Vec::new();
+    // Prometheus takes a target's scheme from `__scheme__` (its job's default, `http`, when
+    // absent): each process says how it serves `/metrics`, so one job scrapes a mix.
+    let scheme = |scheme: MetricsScheme| (!scheme.is_http()).then_some(("__scheme__", scheme.as_str()));
     if !nimbus.is_empty() {
-        // Prometheus takes a target's scheme from `__scheme__`: nimbus's `/metrics` is on its
-        // API, HTTPS when that is; supervisors and workers serve plain HTTP.
-        let labels: &[(&str, &str)] = if nimbus_https {
-            &[("squall_role", "nimbus"), ("__scheme__", "https")]
-        } else {
-            &[("squall_role", "nimbus")]
-        };
-        groups.push(group(nimbus.to_owned(), labels));
+        // Nimbus's `/metrics` is on its API, HTTPS when that is.
+        let labels: Vec<_> = [Some(("squall_role", "nimbus")), scheme(MetricsScheme::from_tls(nimbus_https))]
+            .into_iter()
+            .flatten()
+            .collect();
+        groups.push(group(nimbus.to_owned(), &labels));
     }
     for (id, info) in &snapshot.supervisors {
         if let Some(endpoint) = &info.metrics_endpoint {
-            groups
-                .push(group(endpoint.clone(), &[("squall_role", "supervisor"), ("supervisor", id.as_str())]));
+            let labels: Vec<_> = [
+                Some(("squall_role", "supervisor")),
+                Some(("supervisor", id.as_str())),
+                scheme(info.metrics_scheme),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            groups.push(group(endpoint.clone(), &labels));
         }
     }
     for w in workers {
@@ -163,12 +171,16 @@ pub fn discovery_targets(
             continue;
         }
         let port = w.slot.port.to_string();
-        let labels = [
-            ("squall_role", "worker"),
-            ("squall_topology", w.topology.as_str()),
-            ("supervisor", w.slot.node.as_str()),
-            ("port", port.as_str()),
-        ];
+        let labels: Vec<_> = [
+            Some(("squall_role", "worker")),
+            Some(("squall_topology", w.topology.as_str())),
+            Some(("supervisor", w.slot.node.as_str())),
+            Some(("port", port.as_str())),
+            scheme(w.scheme),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         groups.push(group(w.endpoint.clone(), &labels));
     }
     groups
@@ -196,6 +208,7 @@ mod tests {
             uptime_secs,
             version: "0.1.0".into(),
             metrics_endpoint: None,
+            metrics_scheme: cluster_state::znode::MetricsScheme::Http,
         }
     }
 
@@ -308,6 +321,7 @@ mod tests {
             topology: "wc-1-1700000000".parse().unwrap(),
             slot: WorkerSlot { node: sup("a"), port: 6700 },
             endpoint: "h:9000".into(),
+            scheme: MetricsScheme::Http,
         };
         let groups = discovery_targets("n:8080", false, &snapshot, &[worker]);
         let labels: Vec<(&str, &str)> =
@@ -325,5 +339,43 @@ mod tests {
         let groups = discovery_targets("n:8080", true, &snapshot, &[]);
         assert_eq!(groups[0].labels.get("__scheme__").map(String::as_str), Some("https"));
         assert!(groups[1..].iter().all(|g| !g.labels.contains_key("__scheme__")), "{groups:?}");
+    }
+
+    /// Each target carries its own scheme, so one Prometheus job scrapes plain and TLS
+    /// processes side by side.
+    #[test]
+    fn every_target_says_how_its_metrics_are_served() {
+        let mut snapshot = snapshot();
+        for (id, info) in &mut snapshot.supervisors {
+            info.metrics_endpoint = Some(format!("{id}:9100"));
+        }
+        let b = sup("b");
+        snapshot.supervisors.get_mut(&b).unwrap().metrics_scheme = MetricsScheme::Https;
+        let worker = |node: &str, scheme| crate::state::WorkerEndpoint {
+            topology: "wc-1-1700000000".parse().unwrap(),
+            slot: WorkerSlot { node: sup(node), port: 6700 },
+            endpoint: format!("{node}:9000"),
+            scheme,
+        };
+        let groups = discovery_targets(
+            "n:8080",
+            false,
+            &snapshot,
+            &[worker("a", MetricsScheme::Https), worker("b", MetricsScheme::Http)],
+        );
+        let schemes: Vec<(&str, Option<&str>)> = groups
+            .iter()
+            .map(|g| (g.targets[0].as_str(), g.labels.get("__scheme__").map(String::as_str)))
+            .collect();
+        assert_eq!(
+            schemes,
+            [
+                ("n:8080", None),
+                ("a:9100", None),
+                ("b:9100", Some("https")),
+                ("a:9000", Some("https")),
+                ("b:9000", None),
+            ]
+        );
     }
 }

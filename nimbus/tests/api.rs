@@ -260,6 +260,7 @@ async fn seed(session: &Session, code: &CodeStore) {
         time_secs: now_secs(),
         uptime_secs: 1,
         metrics_endpoint: None,
+        metrics_scheme: cluster_state::znode::MetricsScheme::Http,
     };
     session.create(&paths.workerbeat(&id(), &slot), &beat.encode(), persistent).await.unwrap();
     for (text, age) in [("older failure", 30), ("newest failure", 5)] {
@@ -280,6 +281,7 @@ async fn seed(session: &Session, code: &CodeStore) {
         uptime_secs: 3661,
         version: "0.1.0".into(),
         metrics_endpoint: None,
+        metrics_scheme: cluster_state::znode::MetricsScheme::Http,
     };
     session
         .create(&paths.supervisor(&sup), &info.encode(), CreateMode::Ephemeral.with_parents())
@@ -1039,6 +1041,7 @@ async fn the_ui_and_storm_ui_pages_are_served_with_security_headers() {
         uptime_secs: 60,
         executor_stats: executors,
         metrics_endpoint: None,
+        metrics_scheme: cluster_state::znode::MetricsScheme::Http,
     };
     let beat = SupervisorHeartbeat {
         supervisor_id: SupervisorId::new("sup-1").unwrap(),

@@ -101,6 +101,7 @@ async fn supervisor(session: &Session, paths: &StormPaths) {
         uptime_secs: 1,
         version: "0".into(),
         metrics_endpoint: None,
+        metrics_scheme: cluster_state::znode::MetricsScheme::Http,
     };
     session
         .create(&paths.supervisor(&id), &info.encode(), CreateMode::Persistent.with_parents())

@@ -89,6 +89,7 @@ async fn supervisor(session: &Session) {
         uptime_secs: 1,
         version: "0".into(),
         metrics_endpoint: None,
+        metrics_scheme: cluster_state::znode::MetricsScheme::Http,
     };
     let path = StormPaths::default().supervisor(&id);
     session.create(&path, &info.encode(), CreateMode::Persistent.with_parents()).await.unwrap();

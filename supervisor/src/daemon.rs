@@ -22,9 +22,9 @@ use cluster_state::ids::{SupervisorId, TopologyId, WorkerId};
 use cluster_state::launch::WorkerLaunch;
 use cluster_state::metrics::CoordMetrics;
 use cluster_state::paths::StormPaths;
-use cluster_state::tls::ClientTls;
+use cluster_state::tls::{self, ClientTls};
 use cluster_state::worker_logs;
-use cluster_state::znode::{Assignment, SupervisorInfo};
+use cluster_state::znode::{Assignment, MetricsScheme, SupervisorInfo};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -104,6 +104,25 @@ pub struct SupervisorConfig {
     /// Storm's `worker.xml` rollover count: log files kept per worker, the live one included.
     #[serde(rename = "worker.log.max.files")]
     pub worker_log_max_files: u32,
+    /// Squall's: PEM certificate (chain) and key making this supervisor's `/metrics` HTTPS
+    /// only; discovery then publishes it with `__scheme__: https`. Unset: plain HTTP.
+    #[serde(rename = "supervisor.metrics.tls.cert")]
+    pub metrics_tls_cert: Option<PathBuf>,
+    #[serde(rename = "supervisor.metrics.tls.key")]
+    pub metrics_tls_key: Option<PathBuf>,
+    /// Squall's: with it, only scrapers presenting a certificate from this CA are served
+    /// (mutual TLS).
+    #[serde(rename = "supervisor.metrics.tls.client.ca")]
+    pub metrics_tls_client_ca: Option<PathBuf>,
+    /// Squall's: the same for every worker this supervisor starts (passed on in the worker's
+    /// launch; the worker reads the files, so they must be readable by the worker's user, and
+    /// the key is within reach of topology code: give workers a certificate for metrics only).
+    #[serde(rename = "worker.metrics.tls.cert")]
+    pub worker_metrics_tls_cert: Option<PathBuf>,
+    #[serde(rename = "worker.metrics.tls.key")]
+    pub worker_metrics_tls_key: Option<PathBuf>,
+    #[serde(rename = "worker.metrics.tls.client.ca")]
+    pub worker_metrics_tls_client_ca: Option<PathBuf>,
 }
 
 impl Default for SupervisorConfig {
@@ -133,6 +152,13 @@ impl Default for SupervisorConfig {
             // Storm's worker.xml: 100 MB, nine rolled files beside the live one.
             worker_log_max_bytes: cluster_state::worker_logs::DEFAULT_MAX_BYTES,
             worker_log_max_files: cluster_state::worker_logs::DEFAULT_MAX_FILES,
+            // Plain HTTP unless configured (SECURITY.md).
+            metrics_tls_cert: None,
+            metrics_tls_key: None,
+            metrics_tls_client_ca: None,
+            worker_metrics_tls_cert: None,
+            worker_metrics_tls_key: None,
+            worker_metrics_tls_client_ca: None,
         }
     }
 }
@@ -170,6 +196,11 @@ impl SupervisorConfig {
             }
         }
         self.nimbus_tls()?;
+        self.metrics_tls()?;
+        // Read here too, so a bad file stops the supervisor rather than every worker.
+        if let Some(tls) = self.worker_metrics_tls()? {
+            tls.acceptor().map_err(SupervisorError::Tls)?;
+        }
         self.worker_user()?;
         StormPaths::new(&self.zookeeper_root)
             .map_err(|e| SupervisorError::Config { key: "storm.zookeeper.root", reason: e.to_string() })
@@ -191,6 +222,31 @@ impl SupervisorConfig {
             self.nimbus_tls_ca.as_deref(),
             self.nimbus_tls_client_cert.as_deref(),
             self.nimbus_tls_client_key.as_deref(),
+        )
+        .map_err(SupervisorError::Tls)
+    }
+
+    /// TLS of this supervisor's `/metrics` (`supervisor.metrics.tls.*`), read from its files;
+    /// `None`: plain HTTP.
+    pub fn metrics_tls(&self) -> Result<Option<cluster_state::tls::TlsAcceptor>, SupervisorError> {
+        let tls = cluster_state::tls::server(
+            [tls::SUPERVISOR_METRICS_CERT, tls::SUPERVISOR_METRICS_KEY, tls::SUPERVISOR_METRICS_CLIENT_CA],
+            self.metrics_tls_cert.as_deref(),
+            self.metrics_tls_key.as_deref(),
+            self.metrics_tls_client_ca.as_deref(),
+        )
+        .map_err(SupervisorError::Tls)?;
+        tls.map(|t| t.acceptor()).transpose().map_err(SupervisorError::Tls)
+    }
+
+    /// The settings of workers' `/metrics` (`worker.metrics.tls.*`), checked for
+    /// completeness; `None`: plain HTTP.
+    pub fn worker_metrics_tls(&self) -> Result<Option<cluster_state::tls::ServerTls>, SupervisorError> {
+        cluster_state::tls::server(
+            [tls::WORKER_METRICS_CERT, tls::WORKER_METRICS_KEY, tls::WORKER_METRICS_CLIENT_CA],
+            self.worker_metrics_tls_cert.as_deref(),
+            self.worker_metrics_tls_key.as_deref(),
+            self.worker_metrics_tls_client_ca.as_deref(),
         )
         .map_err(SupervisorError::Tls)
     }
@@ -250,6 +306,9 @@ fn worker_spec(
             // Storm's place: the worker writes `worker.log` there itself (rotated); its
             // stdout and stderr go to `worker.log.out` beside it.
             let artifacts = worker_logs::artifacts_dir(&config.local_dir, &launch.topology_id, port);
+            launch.metrics_tls_cert = config.worker_metrics_tls_cert.clone();
+            launch.metrics_tls_key = config.worker_metrics_tls_key.clone();
+            launch.metrics_tls_client_ca = config.worker_metrics_tls_client_ca.clone();
             let local = &config.local_dir;
             let run_as = user.clone().map(|user| RunAs {
                 user,
@@ -352,6 +411,8 @@ pub async fn run(
         .unwrap_or_else(|| "localhost".to_owned());
     // Bound where peers reach this machine when that is configured, else on every interface.
     let metrics_host = config.hostname.clone().unwrap_or_else(|| "0.0.0.0".to_owned());
+    // Read before binding: a bad file is an error naming its key.
+    let metrics_tls = config.metrics_tls()?;
     let metrics_address = format!("{metrics_host}:{}", config.metrics_port);
     let listener =
         tokio::net::TcpListener::bind(&metrics_address).await.map_err(|e| SupervisorError::Config {
@@ -359,9 +420,15 @@ pub async fn run(
             reason: format!("cannot listen on {metrics_address}: {e}"),
         })?;
     let metrics_endpoint = listener.local_addr().ok().map(|a| format!("{hostname}:{}", a.port()));
+    let metrics_scheme = MetricsScheme::from_tls(metrics_tls.is_some());
     // Every task of the supervisor, awaited before `run` returns.
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(cluster_state::metrics::serve(listener, registry.clone(), shutdown.child_token()));
+    tasks.spawn(cluster_state::metrics::serve_tls(
+        listener,
+        registry.clone(),
+        metrics_tls,
+        shutdown.child_token(),
+    ));
     let registration = Registration {
         ensemble: ensemble.clone(),
         session_options: config.session_options(),
@@ -375,6 +442,7 @@ pub async fn run(
             uptime_secs: 0,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             metrics_endpoint,
+            metrics_scheme,
         },
         used_ports: ports_rx,
         heartbeat_interval: Duration::from_secs(config.heartbeat_frequency_secs),

@@ -50,6 +50,7 @@ pub fn build_heartbeat(
                 uptime_secs: if start == 0 { 0 } else { beat.time_secs.saturating_sub(start) },
                 executor_stats: beat.executor_stats.iter().map(ExecutorStatsReport::from).collect(),
                 metrics_endpoint: beat.metrics_endpoint,
+                metrics_scheme: beat.metrics_scheme,
             }
         })
         .collect();
@@ -179,6 +180,7 @@ mod tests {
             start_time_secs: Some(100),
             executor_stats: vec![],
             metrics_endpoint: None,
+            metrics_scheme: cluster_state::znode::MetricsScheme::Http,
         }
     }
 

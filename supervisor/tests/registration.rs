@@ -29,6 +29,7 @@ fn info() -> SupervisorInfo {
         uptime_secs: 0,
         version: "0.1.0".into(),
         metrics_endpoint: None,
+        metrics_scheme: cluster_state::znode::MetricsScheme::Http,
     }
 }
 

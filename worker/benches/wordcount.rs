@@ -202,13 +202,14 @@ fn latency_run(rate: f64, secs: u64) -> Option<Run> {
     Some(run)
 }
 
-/// Child mode: `--child <a|b> <port a> <port b> <items> <acking 0|1> <wc|hop>`.
+/// Child mode: `--child <a|b> <port a> <port b> <items> <acking 0|1> <wc|hop> <plain|tls>`.
 fn child(args: &[String]) -> Option<()> {
     let role = args.first()?.as_str();
     let (port_a, port_b): (u16, u16) = (args.get(1)?.parse().ok()?, args.get(2)?.parse().ok()?);
     let items: u64 = args.get(3)?.parse().ok()?;
     let acking = args.get(4)? == "1";
     let hop = args.get(5).is_some_and(|w| w == "hop");
+    let tls = args.get(6).is_some_and(|t| t == "tls");
     let topology =
         Arc::new(if hop { hop_topology(acking, items)? } else { topology(acking, Some(items), None) });
     let layout = Arc::new(TaskLayout::compute(&topology.component_parallelism()));
@@ -235,7 +236,7 @@ fn child(args: &[String]) -> Option<()> {
     let id = TopologyId::new(&TopologyName::new("wordcount").ok()?, 1, 1);
     // Both children need the same secret; a fixed one will do on loopback.
     let secret = TopologySecret::from_bytes(&[7; SECRET_BYTES])?;
-    let options = TransportOptions::new("127.0.0.1", secret);
+    let options = TransportOptions { tls, ..TransportOptions::new("127.0.0.1", secret) };
     let worker = StaticWorker::start(topology, layout, plan, &id, options, None).ok()?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while !worker.peers_connected() && Instant::now() < deadline {
@@ -263,7 +264,7 @@ fn child(args: &[String]) -> Option<()> {
     Some(())
 }
 
-fn two_process_run(acking: bool, items: u64, hop: bool) -> Option<Run> {
+fn two_process_run(acking: bool, items: u64, hop: bool, tls: bool) -> Option<Run> {
     let exe = std::env::current_exe().ok()?;
     let free = || std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok().map(|a| a.port());
     let (pa, pb) = (free()?, free()?);
@@ -277,6 +278,7 @@ fn two_process_run(acking: bool, items: u64, hop: bool) -> Option<Run> {
                 &items.to_string(),
                 if acking { "1" } else { "0" },
                 if hop { "hop" } else { "wc" },
+                if tls { "tls" } else { "plain" },
             ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -338,7 +340,7 @@ fn main() {
         return;
     }
     let items: u64 = args.iter().find_map(|a| a.parse().ok()).unwrap_or(2_000_000);
-    // `--only <hop|wc|latency|two>` runs one part (for profiling); `--two-only` = `--only two`.
+    // `--only <hop|wc|latency|two|tls>` runs one part (for profiling); `--two-only` = `--only two`.
     let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).map(String::as_str);
     let only = if args.iter().any(|a| a == "--two-only") { Some("two") } else { only };
     let part = |name: &str| only.is_none_or(|o| o == name);
@@ -346,6 +348,33 @@ fn main() {
     if part("two") {
         two_processes(items);
     }
+    if part("tls") {
+        transport_tls(items);
+    }
+}
+
+/// Word count across two processes with `topology.transport.tls` off and on, run alternately
+/// so both see the same machine.
+fn transport_tls(items: u64) {
+    println!(
+        "word count, two worker processes over loopback, acking on, transport TLS off vs on, {items} sentences, median of 3 runs"
+    );
+    let mut runs: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
+    for _ in 0..3 {
+        for tls in [false, true] {
+            runs[usize::from(tls)].extend(two_process_run(true, items, false, tls));
+        }
+    }
+    let mut rates = [0.0; 2];
+    for (tls, runs) in runs.iter().enumerate() {
+        let label = if tls == 1 { "TLS on   " } else { "plain TCP" };
+        if runs.len() < 3 {
+            println!("{label}: a run did not finish");
+            return;
+        }
+        rates[tls] = report(label, runs);
+    }
+    println!("TLS on / plain: {:.2} of the sentences per second", rates[1] / rates[0].max(1e-9));
 }
 
 fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
@@ -407,7 +436,7 @@ fn two_processes(items: u64) {
         "word count, two worker processes over loopback TCP (count in the second), {items} sentences, median of 3 runs"
     );
     for acking in [false, true] {
-        let runs: Vec<Run> = (0..3).filter_map(|_| two_process_run(acking, items, false)).collect();
+        let runs: Vec<Run> = (0..3).filter_map(|_| two_process_run(acking, items, false, false)).collect();
         if runs.len() < 3 {
             println!("acking {}: a run did not finish", if acking { "on" } else { "off" });
             continue;
@@ -418,7 +447,7 @@ fn two_processes(items: u64) {
         "one serialised hop, generator -> bolt in two worker processes, {items} tuples (~100-byte sentences)"
     );
     for acking in [false, true] {
-        let runs: Vec<Run> = (0..3).filter_map(|_| two_process_run(acking, items, true)).collect();
+        let runs: Vec<Run> = (0..3).filter_map(|_| two_process_run(acking, items, true, false)).collect();
         if runs.len() < 3 {
             println!("acking {}: a run did not finish", if acking { "on" } else { "off" });
             continue;

@@ -40,6 +40,7 @@ use cluster_state::coord::{AUTH_ENV, Ensemble, Security, ZkAuth};
 use cluster_state::ids::{SupervisorId, TopologyId};
 use cluster_state::launch::{self, WorkerId, WorkerLaunch};
 use cluster_state::paths::StormPaths;
+use cluster_state::tls;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
@@ -94,6 +95,15 @@ pub struct WorkerCommand {
     /// `worker.log.max.files`: how many log files are kept, the live one included.
     #[arg(long, default_value_t = cluster_state::worker_logs::DEFAULT_MAX_FILES, value_parser = clap::value_parser!(u32).range(1..))]
     pub log_max_files: u32,
+    /// The cluster's `worker.metrics.tls.cert`: `/metrics` is HTTPS only with it (and its key).
+    #[arg(long)]
+    pub metrics_tls_cert: Option<PathBuf>,
+    /// The cluster's `worker.metrics.tls.key`.
+    #[arg(long)]
+    pub metrics_tls_key: Option<PathBuf>,
+    /// The cluster's `worker.metrics.tls.client.ca`: scrapers must present a certificate from it.
+    #[arg(long)]
+    pub metrics_tls_client_ca: Option<PathBuf>,
 }
 
 impl From<WorkerCommand> for WorkerLaunch {
@@ -113,6 +123,9 @@ impl From<WorkerCommand> for WorkerLaunch {
             zookeeper_connection_timeout_ms: cmd.zookeeper_connection_timeout_ms,
             log_max_bytes: cmd.log_max_bytes,
             log_max_files: cmd.log_max_files,
+            metrics_tls_cert: cmd.metrics_tls_cert,
+            metrics_tls_key: cmd.metrics_tls_key,
+            metrics_tls_client_ca: cmd.metrics_tls_client_ca,
         }
     }
 }
@@ -149,7 +162,14 @@ pub fn prepare(launch: WorkerLaunch, registry: &Registry) -> Result<PreparedWork
         session,
         secret,
     };
-    let config = WorkerConfig { bind_host: launch.bind_host, ..WorkerConfig::default() };
+    let metrics_tls = cluster_state::tls::server(
+        [tls::WORKER_METRICS_CERT, tls::WORKER_METRICS_KEY, tls::WORKER_METRICS_CLIENT_CA],
+        launch.metrics_tls_cert.as_deref(),
+        launch.metrics_tls_key.as_deref(),
+        launch.metrics_tls_client_ca.as_deref(),
+    )
+    .map_err(|e| Error::Tls { reason: e.to_string() })?;
+    let config = WorkerConfig { bind_host: launch.bind_host, metrics_tls, ..WorkerConfig::default() };
     Ok(PreparedWorker { args, config, topology, paths: launch.storm_paths })
 }
 

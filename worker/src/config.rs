@@ -67,6 +67,12 @@ pub struct TopologyConfig {
     /// executor waits. Storm: 100.
     #[serde(rename = "topology.shellbolt.max.pending")]
     pub shellbolt_max_pending: u32,
+    /// `topology.transport.tls`: whether the topology's workers talk to each other over mutual
+    /// TLS 1.3 with the topology's key (derived from its secret; see `transport`'s `tls.rs`)
+    /// instead of plain TCP. The HMAC handshake runs either way. Squall: false (plain TCP,
+    /// as `squall local` and loopback tests want).
+    #[serde(rename = "topology.transport.tls")]
+    pub transport_tls: bool,
 }
 
 impl Default for TopologyConfig {
@@ -87,6 +93,7 @@ impl Default for TopologyConfig {
             workerbeats_zk_secs: 60,
             subprocess_timeout_secs: None,
             shellbolt_max_pending: 100,
+            transport_tls: false,
         }
     }
 }

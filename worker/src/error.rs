@@ -66,6 +66,10 @@ pub enum Error {
     /// or unusable.
     #[error("topology secret {}: {reason}", path.display())]
     Secret { path: PathBuf, reason: String },
+    /// TLS cannot be set up: the transport's (`topology.transport.tls`, from the topology's
+    /// secret) or `/metrics`' (`worker.metrics.tls.*`: the reason names the key and file).
+    #[error("TLS: {reason}")]
+    Tls { reason: String },
     /// A socket or file operation failed.
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },

@@ -22,7 +22,8 @@ use cluster_state::coord::{
 use cluster_state::ids::{ComponentId, ExecutorId, SupervisorId, TopologyId, WorkerSlot};
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{
-    Assignment, ErrorInfo, LocalWorkerHeartbeat, StormBase, TopologyStatus, WorkerHeartbeat, ZnodeData,
+    Assignment, ErrorInfo, LocalWorkerHeartbeat, MetricsScheme, StormBase, TopologyStatus, WorkerHeartbeat,
+    ZnodeData,
 };
 use prometheus::{IntCounter, Registry as MetricsRegistry};
 use tokio_util::sync::CancellationToken;
@@ -68,6 +69,9 @@ pub struct WorkerConfig {
     /// open connection is authenticated (`..._connections_refused_total`). A worker has one
     /// connection from each peer worker of its topology, so the default, 256, is generous.
     pub max_peer_connections: usize,
+    /// TLS of the worker's `/metrics` (`worker.metrics.tls.*`, from the launch); `None`: plain
+    /// HTTP. Published in the heartbeats as the endpoint's scheme, for discovery.
+    pub metrics_tls: Option<cluster_state::tls::ServerTls>,
 }
 
 impl Default for WorkerConfig {
@@ -81,6 +85,7 @@ impl Default for WorkerConfig {
             bind_host: "0.0.0.0".into(),
             errors_kept: 10,
             max_peer_connections: DEFAULT_MAX_CONNECTIONS,
+            metrics_tls: None,
         }
     }
 }
@@ -413,11 +418,18 @@ async fn run_session(
         Ok::<_, Error>((Arc::new(layout), plan))
     };
     let (layout, plan) = plan_of(&assignment)?;
+    // `/metrics`' certificate read before anything is bound: a bad file names its key.
+    let metrics_tls = match &config.metrics_tls {
+        Some(tls) => Some(tls.acceptor().map_err(|e| Error::Tls { reason: e.to_string() })?),
+        None => None,
+    };
+    let metrics_scheme = MetricsScheme::from_tls(metrics_tls.is_some());
     let (err_tx, mut err_rx) = tokio::sync::mpsc::channel::<ErrorReport>(256);
     let options = TransportOptions {
         bind_host: config.bind_host.clone(),
         secret: args.secret.clone(),
         max_connections: config.max_peer_connections,
+        tls: topology.config().transport_tls,
     };
     let mut worker = StaticWorker::start(topology.clone(), layout.clone(), plan, id, options, Some(err_tx))?;
     let plan = worker.plan.clone();
@@ -435,9 +447,10 @@ async fn run_session(
     // Served until the worker has stopped (so the last scrape sees the drain), then awaited;
     // an early return cancels it through the guard.
     let metrics_stop = shutdown.child_token();
-    let metrics_server = tokio::spawn(cluster_state::metrics::serve(
+    let metrics_server = tokio::spawn(cluster_state::metrics::serve_tls(
         metrics_listener,
         metrics_registry.clone(),
+        metrics_tls,
         metrics_stop.clone(),
     ));
     let stop_metrics = metrics_stop.drop_guard();
@@ -488,6 +501,7 @@ async fn run_session(
                     start_time_secs: Some(start_secs),
                     executor_stats: worker.runtime.stats().iter().map(|s| s.snapshot()).collect(),
                     metrics_endpoint: metrics_endpoint.clone(),
+                    metrics_scheme,
                 };
                 if let Err(e) = write_local_heartbeat(&beat_path, &beat) {
                     tracing::warn!(error = %e, "cannot write the local heartbeat");
@@ -503,6 +517,7 @@ async fn run_session(
                     time_secs: now,
                     uptime_secs: now.saturating_sub(start_secs),
                     metrics_endpoint: metrics_endpoint.clone(),
+                    metrics_scheme,
                 };
                 // Without a session the worker cannot see assignments: stop (gracefully) and let the
                 // supervisor start a fresh one. Checked every tick, written or not.

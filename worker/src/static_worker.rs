@@ -16,7 +16,7 @@ use crate::runtime::{RuntimeParts, WorkerRuntime};
 use crate::topology::Topology;
 use crate::transport::{
     DEFAULT_MAX_CONNECTIONS, PeerAddr, PeerReceiver, PeerSender, ReceiverSetup, TopologySecret,
-    TransportStats,
+    TransportStats, TransportTls,
 };
 
 /// Where remote tasks go: task -> index into the peer queues, and the queues.
@@ -34,11 +34,18 @@ struct Peers {
     stopping: Vec<(PeerSender, Instant)>,
     topology_id: String,
     secret: TopologySecret,
+    tls: Option<TransportTls>,
 }
 
 impl Peers {
-    fn new(topology_id: &TopologyId, secret: TopologySecret) -> Self {
-        Peers { senders: BTreeMap::new(), stopping: Vec::new(), topology_id: topology_id.to_string(), secret }
+    fn new(topology_id: &TopologyId, secret: TopologySecret, tls: Option<TransportTls>) -> Self {
+        Peers {
+            senders: BTreeMap::new(),
+            stopping: Vec::new(),
+            topology_id: topology_id.to_string(),
+            secret,
+            tls,
+        }
     }
 
     /// Starts senders for new peers, stops those no longer needed, returns the routes. Never
@@ -62,6 +69,7 @@ impl Peers {
                     port: key.0.port,
                     topology_id: self.topology_id.clone(),
                     secret: self.secret.clone(),
+                    tls: self.tls.clone(),
                 };
                 self.senders.insert(key.clone(), PeerSender::start(to, stats.clone())?);
             }
@@ -113,12 +121,20 @@ pub struct TransportOptions {
     pub secret: TopologySecret,
     /// Inbound connections open at once ([`WorkerConfig::max_peer_connections`]).
     pub max_connections: usize,
+    /// Mutual TLS with the topology's key, derived from `secret` ([`TransportTls`]):
+    /// `topology.transport.tls`. Every worker of a topology must agree.
+    pub tls: bool,
 }
 
 impl TransportOptions {
-    /// Binds `bind_host` with the default connection limit.
+    /// Binds `bind_host` with the default connection limit, plain TCP.
     pub fn new(bind_host: impl Into<String>, secret: TopologySecret) -> Self {
-        TransportOptions { bind_host: bind_host.into(), secret, max_connections: DEFAULT_MAX_CONNECTIONS }
+        TransportOptions {
+            bind_host: bind_host.into(),
+            secret,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            tls: false,
+        }
     }
 }
 
@@ -147,7 +163,8 @@ impl StaticWorker {
         errors: Option<tokio::sync::mpsc::Sender<ErrorReport>>,
     ) -> Result<Self> {
         let transport = Arc::new(TransportStats::default());
-        let mut peers = Peers::new(topology_id, options.secret.clone());
+        let tls = if options.tls { Some(TransportTls::for_topology(&options.secret)?) } else { None };
+        let mut peers = Peers::new(topology_id, options.secret.clone(), tls.clone());
         let (remote_tasks, remote_dests) = peers.reconcile(&plan, &transport)?;
         let local = Arc::new(plan.local_tasks.clone());
         let runtime = WorkerRuntime::start(RuntimeParts {
@@ -162,6 +179,7 @@ impl StaticWorker {
         let setup = ReceiverSetup {
             topology_id: topology_id.to_string(),
             secret: options.secret,
+            tls,
             table: runtime.table.clone(),
             dispatch: Arc::new(runtime.inboxes.clone()),
             stats: transport.clone(),

@@ -883,6 +883,9 @@ pub struct WorkerReport {
     pub executor_stats: Vec<ExecutorStatsReport>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_endpoint: Option<String>,
+    /// How `metrics_endpoint` is served (`"metricsScheme":"https"`; absent: HTTP).
+    #[serde(default, skip_serializing_if = "crate::znode::MetricsScheme::is_http")]
+    pub metrics_scheme: crate::znode::MetricsScheme,
 }
 
 /// An executor's counters and average latencies, in a [`WorkerReport`] (the znode's

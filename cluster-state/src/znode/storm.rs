@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::{DecodeError, JsonObject, ZnodeData, decode_json, json_array};
 use crate::ids::{ComponentId, ExecutorId, SupervisorId, TopologyId, TopologyName, WorkerSlot};
@@ -241,6 +241,38 @@ impl ZnodeData for Assignment {
     }
 }
 
+/// How a process's Prometheus `/metrics` is served: plain HTTP, or HTTPS (`supervisor.metrics.tls.*`,
+/// `worker.metrics.tls.*`). Written as `"metrics_scheme":"https"` beside a `metrics_endpoint`
+/// (added within version 1: written only for HTTPS, absent reads as HTTP), and published by
+/// nimbus's discovery as the target's `__scheme__`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricsScheme {
+    #[default]
+    Http,
+    Https,
+}
+
+impl MetricsScheme {
+    /// `https` when `tls`.
+    pub fn from_tls(tls: bool) -> Self {
+        if tls { MetricsScheme::Https } else { MetricsScheme::Http }
+    }
+
+    /// As Prometheus spells it (`__scheme__`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MetricsScheme::Http => "http",
+            MetricsScheme::Https => "https",
+        }
+    }
+
+    /// Whether it is the default (HTTP), which is not written.
+    pub fn is_http(&self) -> bool {
+        *self == MetricsScheme::Http
+    }
+}
+
 /// A live supervisor, at `/storm/supervisors/<supervisor-id>` (ephemeral).
 ///
 /// ```json
@@ -249,7 +281,8 @@ impl ZnodeData for Assignment {
 ///  "metrics_endpoint":"host1:9100"}
 /// ```
 /// (one line in the znode). `all_ports` is Storm's `meta`; `squall_version` is named so to stay
-/// apart from the format `version`; `metrics_endpoint` is `null` when metrics are off.
+/// apart from the format `version`; `metrics_endpoint` is `null` when metrics are off;
+/// `"metrics_scheme":"https"` follows it when they are served over TLS ([`MetricsScheme`]).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct SupervisorInfo {
     /// Last heartbeat, seconds since the epoch.
@@ -270,13 +303,16 @@ pub struct SupervisorInfo {
     /// `host:port` of its Prometheus `/metrics`, for discovery.
     #[serde(default)]
     pub metrics_endpoint: Option<String>,
+    /// How `metrics_endpoint` is served.
+    #[serde(default)]
+    pub metrics_scheme: MetricsScheme,
 }
 
 impl ZnodeData for SupervisorInfo {
     const FORMAT: &'static str = "supervisor-info v1 JSON";
 
     fn encode(&self) -> Vec<u8> {
-        JsonObject::versioned(1)
+        let object = JsonObject::versioned(1)
             .field("time_secs", self.time_secs)
             .field("hostname", self.hostname.as_str())
             .field("supervisor_id", self.supervisor_id.as_str())
@@ -284,9 +320,8 @@ impl ZnodeData for SupervisorInfo {
             .field("all_ports", self.all_ports.as_slice())
             .field("uptime_secs", self.uptime_secs)
             .field("squall_version", self.version.as_str())
-            .field("metrics_endpoint", self.metrics_endpoint.as_deref())
-            .finish()
-            .into_bytes()
+            .field("metrics_endpoint", self.metrics_endpoint.as_deref());
+        with_scheme(object, self.metrics_scheme).finish().into_bytes()
     }
 
     fn decode(path: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
@@ -412,6 +447,9 @@ pub struct WorkerHeartbeat {
     /// 1: written only when set, absent reads as `None`).
     #[serde(default)]
     pub metrics_endpoint: Option<String>,
+    /// How `metrics_endpoint` is served (`"metrics_scheme":"https"`, written only for HTTPS).
+    #[serde(default)]
+    pub metrics_scheme: MetricsScheme,
 }
 
 impl WorkerHeartbeat {
@@ -427,6 +465,7 @@ impl WorkerHeartbeat {
                 b.topology_id.clone(),
                 b.start_time_secs,
                 b.metrics_endpoint.clone(),
+                b.metrics_scheme,
                 b.executor_stats
                     .iter()
                     .map(|s| {
@@ -480,7 +519,7 @@ impl ZnodeData for WorkerHeartbeat {
             Some(endpoint) => object.field("metrics_endpoint", endpoint.as_str()),
             None => object,
         };
-        object.finish().into_bytes()
+        with_scheme(object, self.metrics_scheme).finish().into_bytes()
     }
 
     fn decode(path: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
@@ -532,7 +571,7 @@ impl ZnodeData for ErrorInfo {
 /// ```
 /// Added within version 1 (written only when set, absent reads as empty), for the supervisor's
 /// aggregated heartbeat to nimbus: `"start_time_secs":N`, `"executor_stats":[...]` (as in
-/// [`WorkerHeartbeat`]) and `"metrics_endpoint":"host:port"`.
+/// [`WorkerHeartbeat`]), `"metrics_endpoint":"host:port"` and `"metrics_scheme":"https"`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct LocalWorkerHeartbeat {
     /// When the worker wrote it, seconds since the epoch (same machine as the reader).
@@ -552,6 +591,9 @@ pub struct LocalWorkerHeartbeat {
     /// `host:port` of the worker's Prometheus `/metrics`.
     #[serde(default)]
     pub metrics_endpoint: Option<String>,
+    /// How `metrics_endpoint` is served.
+    #[serde(default)]
+    pub metrics_scheme: MetricsScheme,
 }
 
 impl LocalWorkerHeartbeat {
@@ -589,10 +631,16 @@ impl ZnodeData for LocalWorkerHeartbeat {
             Some(endpoint) => object.field("metrics_endpoint", endpoint.as_str()),
             None => object,
         };
-        object.finish().into_bytes()
+        with_scheme(object, self.metrics_scheme).finish().into_bytes()
     }
 
     fn decode(path: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
         decode_json::<Self>(path, bytes, 1..=1).map(|(_, beat)| beat)
     }
+}
+
+/// `object` with `"metrics_scheme"` when it is not the default (HTTP, which older readers
+/// assume).
+fn with_scheme(object: JsonObject, scheme: MetricsScheme) -> JsonObject {
+    if scheme.is_http() { object } else { object.field("metrics_scheme", scheme.as_str()) }
 }

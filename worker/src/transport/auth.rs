@@ -13,7 +13,7 @@
 //! other chose, so neither an answer seen on the wire nor one side's own answer (the direction
 //! differs) can be replayed.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::sync::Arc;
@@ -124,9 +124,31 @@ fn refused(peer: &str, reason: impl Into<String>) -> Error {
     Error::Handshake { peer: peer.to_owned(), reason: reason.into() }
 }
 
+/// What the handshake runs over: a plain socket, or a TLS session on one (whose timeouts are
+/// the socket's).
+pub(super) trait HandshakeStream: Read + Write {
+    fn socket(&self) -> &TcpStream;
+}
+
+impl HandshakeStream for TcpStream {
+    fn socket(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl HandshakeStream for super::tls::PeerStream {
+    fn socket(&self) -> &TcpStream {
+        self.tcp()
+    }
+}
+
 /// Reads one handshake frame before `deadline` (a per-read timeout would let a peer trickle a
 /// byte at a time forever).
-fn read_small_frame(s: &mut TcpStream, deadline: std::time::Instant, peer: &str) -> Result<Vec<u8>> {
+fn read_small_frame(
+    s: &mut impl HandshakeStream,
+    deadline: std::time::Instant,
+    peer: &str,
+) -> Result<Vec<u8>> {
     let mut len = [0u8; 4];
     read_exact_by(s, &mut len, deadline, peer)?;
     let mut buf = vec![0; handshake_len(len, peer)?];
@@ -143,14 +165,19 @@ fn handshake_len(header: [u8; 4], peer: &str) -> Result<usize> {
     Ok(len)
 }
 
-fn read_exact_by(s: &mut TcpStream, buf: &mut [u8], deadline: std::time::Instant, peer: &str) -> Result<()> {
+fn read_exact_by(
+    s: &mut impl HandshakeStream,
+    buf: &mut [u8],
+    deadline: std::time::Instant,
+    peer: &str,
+) -> Result<()> {
     let mut filled = 0;
     while filled < buf.len() {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
             return Err(refused(peer, format!("no complete handshake within {HANDSHAKE_TIMEOUT:?}")));
         }
-        s.set_read_timeout(Some(left)).map_err(|e| Error::io(format!("read from {peer}"), e))?;
+        s.socket().set_read_timeout(Some(left)).map_err(|e| Error::io(format!("read from {peer}"), e))?;
         match s.read(&mut buf[filled..]) {
             Ok(0) => return Err(refused(peer, "connection closed during the handshake")),
             Ok(n) => filled += n,
@@ -161,27 +188,44 @@ fn read_exact_by(s: &mut TcpStream, buf: &mut [u8], deadline: std::time::Instant
                         | std::io::ErrorKind::TimedOut
                         | std::io::ErrorKind::Interrupted
                 ) => {}
+            // A TLS alert: the peer refused our key (under TLS 1.3 a sender learns it here).
+            Err(e) if e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) => {
+                return Err(refused(peer, format!("TLS: {e}")));
+            }
             Err(e) => return Err(Error::io(format!("read from {peer}"), e)),
         }
     }
     Ok(())
 }
 
-fn write_by(s: &mut TcpStream, payload: &[u8], deadline: std::time::Instant, peer: &str) -> Result<()> {
+fn write_by(
+    s: &mut impl HandshakeStream,
+    payload: &[u8],
+    deadline: std::time::Instant,
+    peer: &str,
+) -> Result<()> {
     let left = deadline.saturating_duration_since(std::time::Instant::now()).max(Duration::from_millis(1));
-    s.set_write_timeout(Some(left)).map_err(|e| Error::io(format!("write to {peer}"), e))?;
-    write_frame(s, payload).map_err(|e| Error::io(format!("write to {peer}"), e))
+    s.socket().set_write_timeout(Some(left)).map_err(|e| Error::io(format!("write to {peer}"), e))?;
+    // A TLS session holds written bytes until flushed.
+    write_frame(s, payload).and_then(|()| s.flush()).map_err(|e| match e.kind() {
+        // The peer hung up mid-handshake: a refusal (a TLS receiver that refused our key
+        // closes after its alert, which a TLS 1.3 sender may only meet here).
+        std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
+            refused(peer, format!("closed the connection during the handshake ({e})"))
+        }
+        _ => Error::io(format!("write to {peer}"), e),
+    })
 }
 
-/// The sender's side: hello, check the receiver's proof, answer its challenge. Leaves the
-/// stream's timeouts as the caller sets them next.
+/// The sender's side: hello, check the receiver's proof, answer its challenge, all before
+/// `deadline`. Leaves the stream's timeouts as the caller sets them next.
 pub(super) fn client(
-    s: &mut TcpStream,
+    s: &mut impl HandshakeStream,
     topology_id: &str,
     secret: &TopologySecret,
     peer: &str,
+    deadline: std::time::Instant,
 ) -> Result<()> {
-    let deadline = std::time::Instant::now() + HANDSHAKE_TIMEOUT;
     let nonce: [u8; NONCE_BYTES] = rand::random();
     let mut hello = Vec::with_capacity(MAGIC.len() + NONCE_BYTES + topology_id.len());
     hello.extend_from_slice(MAGIC);
@@ -241,6 +285,8 @@ where
     challenge.extend_from_slice(&nonce);
     challenge.extend_from_slice(&secret.sign(theirs, topology_id, TO_RECEIVER, peer)?);
     s.write_all(&challenge).await.map_err(|e| Error::io(format!("write to {peer}"), e))?;
+    // A TLS session holds written bytes until flushed.
+    s.flush().await.map_err(|e| Error::io(format!("write to {peer}"), e))?;
     let answer = read_small_frame_async(s, peer).await?;
     if !secret.verify(&nonce, topology_id, TO_SENDER, &answer) {
         return Err(refused(peer, format!("wrong answer to the challenge of topology {topology_id}")));

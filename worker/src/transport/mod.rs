@@ -1,5 +1,7 @@
 //! The inter-worker transport: length-delimited, batched frames over TCP, one connection per
 //! peer, authenticated with the topology's secret, and a receiver that dispatches by task id.
+//! With `topology.transport.tls` every connection is mutual TLS 1.3 first, pinned to the
+//! topology's key (`tls.rs`), and everything below runs inside it.
 //!
 //! Frame: `u32` big-endian payload length, then the payload. A connection opens with a
 //! handshake (`auth.rs`): the sender's hello (`SQL2`, a nonce, the topology id), then each side
@@ -31,7 +33,8 @@
 //! only as bytes arrive, and forgets a connection when its thread ends.
 //!
 //! Layout: `codec.rs` (the wire format, [`FrameBuf`](codec::FrameBuf)), `auth.rs` (secret and
-//! handshake), `send.rs` (`PeerSender`), `receive.rs` (`PeerReceiver`).
+//! handshake), `tls.rs` ([`TransportTls`], [`PeerStream`]), `send.rs` (`PeerSender`),
+//! `receive.rs` (`PeerReceiver`).
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -40,12 +43,14 @@ mod auth;
 mod codec;
 mod receive;
 mod send;
+mod tls;
 
 pub use auth::{SECRET_BYTES, TopologySecret};
 #[cfg(test)]
 use receive::Dispatch;
 pub(crate) use receive::{PeerReceiver, ReceiverSetup};
 pub(crate) use send::{PeerAddr, PeerSender};
+pub use tls::{PeerStream, TransportTls};
 
 /// A sender writes a frame once it holds this many bytes of payload (or
 /// [`MAX_FRAME_ENVELOPES`] envelopes, or the queue is empty).
@@ -73,8 +78,8 @@ const HOLD_MAX: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 
 /// Opens a connection to a worker's port as its peer would: the handshake as `topology_id`
-/// with `secret`. For tools and tests (the soak benchmark, a probe); workers connect through
-/// their senders.
+/// with `secret`, over plain TCP. For tools and tests (the soak benchmark, a probe); workers
+/// connect through their senders.
 pub fn connect_as_peer(
     addr: std::net::SocketAddr,
     topology_id: &str,
@@ -83,8 +88,22 @@ pub fn connect_as_peer(
     let peer = addr.to_string();
     let mut s = std::net::TcpStream::connect_timeout(&addr, auth::HANDSHAKE_TIMEOUT)
         .map_err(|e| crate::Error::io(format!("connect to {peer}"), e))?;
-    auth::client(&mut s, topology_id, secret, &peer)?;
+    auth::client(&mut s, topology_id, secret, &peer, std::time::Instant::now() + auth::HANDSHAKE_TIMEOUT)?;
     Ok(s)
+}
+
+/// [`connect_as_peer`] over TLS with the key `tls` (a topology's, see [`TransportTls`]), as
+/// the worker of a topology with `topology.transport.tls` connects.
+pub fn connect_as_tls_peer(
+    addr: std::net::SocketAddr,
+    topology_id: &str,
+    secret: &TopologySecret,
+    tls: &TransportTls,
+) -> crate::Result<PeerStream> {
+    let peer = addr.to_string();
+    let s = std::net::TcpStream::connect_timeout(&addr, auth::HANDSHAKE_TIMEOUT)
+        .map_err(|e| crate::Error::io(format!("connect to {peer}"), e))?;
+    send::open(s, topology_id, secret, Some(tls), &peer)
 }
 
 /// Counters of the transport, for metrics and tests.
@@ -134,6 +153,7 @@ mod tests {
     use crossbeam_channel::Receiver;
 
     use super::codec::{decode_batch, encode_batch, write_frame};
+    use super::tls::TransportTls;
     use super::*;
     use crate::builtin::{SplitSentence, WordCount};
     use crate::executor::StreamTable;
@@ -155,7 +175,13 @@ mod tests {
     }
 
     fn peer(port: u16) -> PeerAddr {
-        PeerAddr { host: "127.0.0.1".into(), port, topology_id: "topo-1-1".into(), secret: secret() }
+        PeerAddr {
+            host: "127.0.0.1".into(),
+            port,
+            topology_id: "topo-1-1".into(),
+            secret: secret(),
+            tls: None,
+        }
     }
 
     fn receiver(
@@ -164,10 +190,12 @@ mod tests {
         dispatch: Dispatch,
         stats: &Arc<TransportStats>,
         secret: &TopologySecret,
+        tls: Option<TransportTls>,
     ) -> PeerReceiver {
         let setup = ReceiverSetup {
             topology_id: "topo-1-1".into(),
             secret: secret.clone(),
+            tls,
             table,
             dispatch,
             stats: stats.clone(),
@@ -179,18 +207,27 @@ mod tests {
     /// A receiver for topo-1-1 delivering task 3's batches to an inbox of `capacity` (or
     /// unbounded), with its stats, inbox and split's stream index.
     fn listening(capacity: Option<usize>) -> (PeerReceiver, Arc<TransportStats>, Receiver<Batch>, u32) {
+        listening_with(capacity, None)
+    }
+
+    /// [`listening`], over TLS with `tls` when given.
+    fn listening_with(
+        capacity: Option<usize>,
+        tls: Option<TransportTls>,
+    ) -> (PeerReceiver, Arc<TransportStats>, Receiver<Batch>, u32) {
         let table = Arc::new(table());
         let stream = split_stream(&table);
         let (tx, rx) = capacity.map_or_else(crossbeam_channel::unbounded, crossbeam_channel::bounded);
         let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
         let stats = Arc::new(TransportStats::default());
-        (receiver(0, table, dispatch, &stats, &secret()), stats, rx, stream)
+        (receiver(0, table, dispatch, &stats, &secret(), tls), stats, rx, stream)
     }
 
     /// A raw connection that completed the handshake with `secret`.
     fn connected(addr: std::net::SocketAddr, secret: &TopologySecret) -> TcpStream {
         let mut conn = TcpStream::connect(addr).unwrap();
-        auth::client(&mut conn, "topo-1-1", secret, "test").unwrap();
+        let deadline = std::time::Instant::now() + auth::HANDSHAKE_TIMEOUT;
+        auth::client(&mut conn, "topo-1-1", secret, "test", deadline).unwrap();
         conn
     }
 
@@ -287,7 +324,7 @@ mod tests {
         let stream = table.metas.iter().find(|m| m.component.as_str() == "split").unwrap().index;
         let (tx, rx) = crossbeam_channel::unbounded();
         let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
-        let receiver = receiver(0, table, dispatch, &Arc::default(), &secret());
+        let receiver = receiver(0, table, dispatch, &Arc::default(), &secret(), None);
         let mut conn = connected(receiver.local_addr(), &secret());
         conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let word = |w: &str| word(stream, w);
@@ -335,7 +372,7 @@ mod tests {
         }
         let (tx, rx) = crossbeam_channel::unbounded();
         let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
-        let receiver = receiver(port, table, dispatch, &stats, &secret());
+        let receiver = receiver(port, table, dispatch, &stats, &secret(), None);
         let mut words = Vec::new();
         while words.len() < 2 {
             let batch = rx.recv_timeout(Duration::from_secs(10)).expect("held batches delivered");
@@ -506,6 +543,83 @@ mod tests {
         receiver.stop();
     }
 
+    /// A relay in front of `upstream` for one connection, keeping what the client sent.
+    fn sniffing_relay(upstream: std::net::SocketAddr) -> (u16, Arc<std::sync::Mutex<Vec<u8>>>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = seen.clone();
+        std::thread::spawn(move || {
+            let (mut client, _) = listener.accept().unwrap();
+            let mut server = TcpStream::connect(upstream).unwrap();
+            let (mut client_r, mut server_w) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 * 1024];
+                while let Ok(n @ 1..) = client_r.read(&mut buf) {
+                    kept.lock().unwrap().extend_from_slice(&buf[..n]);
+                    if std::io::Write::write_all(&mut server_w, &buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+            let _ = std::io::copy(&mut server, &mut client);
+        });
+        (port, seen)
+    }
+
+    #[test]
+    fn over_tls_only_the_topologys_key_gets_in_and_tuples_cross_encrypted() {
+        let tls = TransportTls::for_topology(&secret()).unwrap();
+        let (receiver, stats, rx, stream) = listening_with(None, Some(tls.clone()));
+        let addr = receiver.local_addr();
+
+        // A worker of the topology, through a relay that keeps every byte it sends.
+        let (relay, wire) = sniffing_relay(addr);
+        let sender = PeerSender::start(
+            PeerAddr { tls: Some(tls.clone()), ..peer(relay) },
+            Arc::new(TransportStats::default()),
+        )
+        .unwrap();
+        sender.tx.send(vec![word(stream, "confidential-word")]).unwrap();
+        let batch = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(matches!(&batch[0], Envelope::Tuple { tuple, .. }
+            if tuple.values[0].as_str() == Some("confidential-word")));
+        let wire = wire.lock().unwrap().clone();
+        assert!(wire.len() > 100, "the relay saw the connection");
+        let on_wire = |needle: &[u8]| wire.windows(needle.len()).any(|w| w == needle);
+        assert!(!on_wire(b"confidential-word"), "the tuple crossed in clear");
+        assert!(!on_wire(b"topo-1-1") && !on_wire(b"SQL2"), "the handshake crossed in clear");
+
+        // A plaintext peer, even with the secret, is refused.
+        let e = connect_as_peer(addr, "topo-1-1", &secret()).unwrap_err();
+        assert!(matches!(e, crate::Error::Handshake { .. } | crate::Error::Io { .. }), "{e}");
+        // A worker of another topology: its key is not the one pinned (by either side).
+        let other = TopologySecret::generate();
+        let e =
+            connect_as_tls_peer(addr, "topo-1-1", &secret(), &TransportTls::for_topology(&other).unwrap())
+                .unwrap_err();
+        assert!(e.to_string().contains("TLS"), "{e}");
+        // An impostor that accepts the receiver's key but presents another: the receiver
+        // refuses it (under TLS 1.3 the impostor learns it in the handshake inside).
+        let impostor = TransportTls::build(&other, &secret()).unwrap();
+        let e = connect_as_tls_peer(addr, "topo-1-1", &secret(), &impostor).unwrap_err();
+        assert!(matches!(e, crate::Error::Handshake { .. }), "{e}");
+        poll_until("three refused handshakes", || stats.handshakes_failed.load(Ordering::Relaxed) >= 3);
+        assert_eq!(stats.handshakes_failed.load(Ordering::Relaxed), 3);
+        assert_eq!(stats.accepted.load(Ordering::Relaxed), 1, "only the topology's worker got in");
+        assert!(rx.try_recv().is_err());
+
+        // The other way round: a TLS sender to a plain receiver is refused and counted there.
+        let (plain, plain_stats, _plain_rx, _) = listening(None);
+        assert!(connect_as_tls_peer(plain.local_addr(), "topo-1-1", &secret(), &tls).is_err());
+        poll_until("the plain receiver refusing TLS", || {
+            plain_stats.handshakes_failed.load(Ordering::Relaxed) == 1
+        });
+        assert!(sender.stop_within(Duration::from_secs(5)));
+        plain.stop();
+        receiver.stop();
+    }
+
     #[test]
     fn stopping_a_sender_blocked_on_a_peer_that_reads_nothing_is_bounded() {
         // The peer's inbox takes one batch and is never drained: its receiver blocks, TCP
@@ -534,6 +648,7 @@ mod tests {
         let setup = ReceiverSetup {
             topology_id: "topo-1-1".into(),
             secret: secret(),
+            tls: None,
             table,
             dispatch,
             stats: stats.clone(),

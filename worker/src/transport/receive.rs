@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::auth::{self, TopologySecret};
 use super::codec::{decode_each, read_frame};
+use super::tls::{PeerStream, TransportTls};
 use super::{FRAME_LIMIT, TransportStats};
 use crate::collector::Batch;
 use crate::error::{Error, Result};
@@ -76,6 +77,8 @@ pub(crate) type Dispatch = Arc<BTreeMap<TaskId, Sender<Batch>>>;
 pub(crate) struct ReceiverSetup {
     pub(crate) topology_id: String,
     pub(crate) secret: TopologySecret,
+    /// TLS with the topology's key (`topology.transport.tls`), or plain TCP.
+    pub(crate) tls: Option<TransportTls>,
     pub(crate) table: Arc<StreamTable>,
     pub(crate) dispatch: Dispatch,
     pub(crate) stats: Arc<TransportStats>,
@@ -148,7 +151,7 @@ impl Drop for ConnGuard {
 
 /// An authenticated connection on its way from the gatekeeper to a receiver thread.
 struct Admitted {
-    stream: TcpStream,
+    stream: PeerStream,
     peer: String,
     guard: ConnGuard,
 }
@@ -348,7 +351,6 @@ async fn gatekeeper(
         let (setup, admit, failed_tx, stopping) =
             (setup.clone(), admit.clone(), failed_tx.clone(), stop.clone());
         handshakes.spawn(async move {
-            let mut stream = stream;
             let outcome = tokio::select! {
                 () = cancel.cancelled() => {
                     // Evicted to make room: a handshake that did not complete (at a stop,
@@ -359,12 +361,17 @@ async fn gatekeeper(
                     }
                     return;
                 }
-                r = auth::server(&mut stream, &setup.topology_id, &setup.secret, &peer) => r,
+                r = handshake(stream, &setup, &peer) => r,
             };
-            let admitted = outcome.and_then(|()| {
+            let admitted = outcome.and_then(|(stream, tls)| {
                 let stream = stream.into_std().map_err(|e| Error::io(format!("take over {peer}"), e))?;
                 stream.set_nonblocking(false).map_err(|e| Error::io(format!("take over {peer}"), e))?;
                 let handle = stream.try_clone().map_err(|e| Error::io(format!("take over {peer}"), e))?;
+                // The TLS session goes with the socket, whatever it holds already decrypted.
+                let stream = match tls {
+                    Some(session) => PeerStream::server(session, stream),
+                    None => PeerStream::plain(stream),
+                };
                 Ok((stream, handle))
             });
             match admitted {
@@ -393,6 +400,36 @@ async fn gatekeeper(
     handshakes.wait().await;
 }
 
+/// A new connection's way in, on the gatekeeper: TLS first when the topology asks for it (its
+/// key, pinned: see `tls.rs`), then the HMAC handshake (inside TLS), all within
+/// [`auth::HANDSHAKE_TIMEOUT`]. Returns the socket, and the TLS session to read it with.
+async fn handshake(
+    stream: tokio::net::TcpStream,
+    setup: &ReceiverSetup,
+    peer: &str,
+) -> Result<(tokio::net::TcpStream, Option<rustls::ServerConnection>)> {
+    let refused = |reason: String| Error::Handshake { peer: peer.to_owned(), reason };
+    let exchange = async {
+        match &setup.tls {
+            None => {
+                let mut stream = stream;
+                auth::server(&mut stream, &setup.topology_id, &setup.secret, peer).await?;
+                Ok((stream, None))
+            }
+            Some(tls) => {
+                let mut stream =
+                    tls.acceptor().accept(stream).await.map_err(|e| refused(format!("TLS: {e}")))?;
+                auth::server(&mut stream, &setup.topology_id, &setup.secret, peer).await?;
+                let (stream, session) = stream.into_inner();
+                Ok((stream, Some(session)))
+            }
+        }
+    };
+    tokio::time::timeout(auth::HANDSHAKE_TIMEOUT, exchange).await.unwrap_or_else(|_| {
+        Err(refused(format!("no complete handshake within {:?}", auth::HANDSHAKE_TIMEOUT)))
+    })
+}
+
 /// Starts a receiver thread for each admitted connection, until the gatekeeper is gone.
 fn spawn_receivers(admitted: &crossbeam_channel::Receiver<Admitted>, setup: &ReceiverSetup) {
     for Admitted { stream, peer, guard } in admitted {
@@ -400,7 +437,7 @@ fn spawn_receivers(admitted: &crossbeam_channel::Receiver<Admitted>, setup: &Rec
         let setup = setup.clone();
         let spawned = std::thread::Builder::new().name(format!("recv-{peer}")).spawn(move || {
             let _guard = guard;
-            let closer = stream.try_clone();
+            let closer = stream.tcp().try_clone();
             if let Err(e) = receive_loop(stream, &peer, &setup) {
                 tracing::warn!(%peer, error = %e, "peer connection closed");
                 // The peer must see the close, not write into a socket no one reads.
@@ -416,7 +453,7 @@ fn spawn_receivers(admitted: &crossbeam_channel::Receiver<Admitted>, setup: &Rec
     }
 }
 
-fn receive_loop(stream: TcpStream, peer: &str, setup: &ReceiverSetup) -> Result<()> {
+fn receive_loop(stream: PeerStream, peer: &str, setup: &ReceiverSetup) -> Result<()> {
     // An authenticated peer may stay idle as long as it likes (a quiet stream): the socket
     // comes from the gatekeeper in blocking mode with no read timeout.
     let mut r = stream;

@@ -1,6 +1,7 @@
 //! The sending side: one thread per peer worker, draining a bounded queue of batches into
 //! frames (see the module doc of `transport`).
 
+use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,6 +12,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::auth::{self, TopologySecret};
 use super::codec::{FrameBuf, PushError};
+use super::tls::{PeerStream, TransportTls};
 use super::{
     FRAME_LIMIT, FRAME_TARGET_BYTES, HOLD_MAX, HOLD_MAX_ENVELOPES, MAX_FRAME_ENVELOPES, PEER_QUEUE_BATCHES,
     TransportStats, WRITE_TIMEOUT,
@@ -40,6 +42,8 @@ pub(crate) struct PeerAddr {
     pub(crate) port: u16,
     pub(crate) topology_id: String,
     pub(crate) secret: TopologySecret,
+    /// TLS with the topology's key (`topology.transport.tls`), or plain TCP.
+    pub(crate) tls: Option<TransportTls>,
 }
 
 impl PeerSender {
@@ -102,24 +106,43 @@ impl Drop for PeerSender {
     }
 }
 
-fn connect(to: &PeerAddr, peer: &str) -> Result<TcpStream> {
+fn connect(to: &PeerAddr, peer: &str) -> Result<PeerStream> {
     let io = |e| Error::io(format!("connect to {peer}"), e);
     let addrs: Vec<SocketAddr> = (to.host.as_str(), to.port).to_socket_addrs().map_err(io)?.collect();
     let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
     for a in addrs {
         match TcpStream::connect_timeout(&a, Duration::from_secs(2)) {
-            Ok(mut s) => {
+            Ok(s) => {
                 s.set_nodelay(true).map_err(io)?;
-                auth::client(&mut s, &to.topology_id, &to.secret, peer)?;
+                let mut s = open(s, &to.topology_id, &to.secret, to.tls.as_ref(), peer)?;
                 // A peer that takes none of our bytes for this long is treated as gone.
-                s.set_write_timeout(Some(WRITE_TIMEOUT)).map_err(io)?;
-                s.set_read_timeout(None).map_err(io)?;
+                s.tcp().set_write_timeout(Some(WRITE_TIMEOUT)).map_err(io)?;
+                s.tcp().set_read_timeout(None).map_err(io)?;
+                s.flush().map_err(io)?;
                 return Ok(s);
             }
             Err(e) => last = e,
         }
     }
     Err(io(last))
+}
+
+/// The sender's side of a new connection: TLS when configured, then the handshake, both
+/// within [`auth::HANDSHAKE_TIMEOUT`].
+pub(super) fn open(
+    tcp: TcpStream,
+    topology_id: &str,
+    secret: &TopologySecret,
+    tls: Option<&TransportTls>,
+    peer: &str,
+) -> Result<PeerStream> {
+    let deadline = std::time::Instant::now() + auth::HANDSHAKE_TIMEOUT;
+    let mut s = match tls {
+        Some(tls) => super::tls::connect(tcp, tls, deadline, peer)?,
+        None => PeerStream::plain(tcp),
+    };
+    auth::client(&mut s, topology_id, secret, peer, deadline)?;
+    Ok(s)
 }
 
 fn send_loop(
@@ -131,16 +154,16 @@ fn send_loop(
 ) {
     let peer = format!("{}:{}", to.host, to.port);
     // Frames are built whole in `frame`, so the stream is written unbuffered (one copy less).
-    let mut conn: Option<TcpStream> = None;
+    let mut conn: Option<PeerStream> = None;
     let mut backoff = RECONNECT_MIN;
     let mut next_attempt = std::time::Instant::now();
     let mut frame = FrameBuf::new(MAX_FRAME_ENVELOPES, FRAME_TARGET_BYTES, FRAME_LIMIT);
     let mut held = Held::default();
     // Unreachable since when (a new peer counts from its start).
     let mut unreachable_since = Some(std::time::Instant::now());
-    let set_shared = |s: Option<&TcpStream>| {
+    let set_shared = |s: Option<&PeerStream>| {
         if let Ok(mut g) = shared.lock() {
-            *g = s.and_then(|s| s.try_clone().ok());
+            *g = s.and_then(|s| s.tcp().try_clone().ok());
         }
     };
     loop {
@@ -207,6 +230,9 @@ fn send_loop(
             break;
         }
     }
+    if let Some(c) = conn.as_mut() {
+        c.close();
+    }
     set_shared(None);
 }
 
@@ -217,10 +243,9 @@ fn send_batches(
     held: &mut Held,
     rx: &Receiver<Batch>,
     frame: &mut FrameBuf,
-    w: &mut TcpStream,
+    w: &mut PeerStream,
     stats: &TransportStats,
 ) -> std::io::Result<()> {
-    use std::io::Write;
     let written = std::cell::Cell::new(0u64);
     let mut write = |bytes: &[u8]| {
         w.write_all(bytes)?;
@@ -245,6 +270,8 @@ fn send_batches(
         }
     }
     frame.flush(&mut write)?;
+    // A TLS session holds what was written until flushed (plain TCP: nothing to do).
+    w.flush()?;
     stats.frames_sent.fetch_add(written.get(), Ordering::Relaxed);
     Ok(())
 }
