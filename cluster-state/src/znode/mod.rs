@@ -35,7 +35,7 @@ pub use kafka::{
 };
 pub use storm::{
     Assignment, DelayedTransition, ErrorInfo, ExecutorAssignment, ExecutorStats, LocalWorkerHeartbeat,
-    NimbusSummary, StormBase, SupervisorInfo, TopologyStatus, WorkerHeartbeat, two_digits,
+    NimbusSummary, StormBase, SupervisorInfo, TopologyStatus, WorkerHeartbeat, WorkerbeatThrottle, two_digits,
 };
 
 /// A type stored as a znode's data.
