@@ -36,8 +36,8 @@ use crate::metrics::SupervisorMetrics;
 use crate::plan::{LocalAssignment, WorkerTimeouts};
 use crate::process_task::{Done, ProcessError, ProcessTask, SpecBuilder};
 use crate::registration::Registration;
-use crate::sync::{Node, SyncLoop};
 use crate::run_as::{RunAs, WorkerUser};
+use crate::sync::{Node, SyncLoop};
 
 /// The supervisor's settings, with Storm's key names.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]

@@ -218,7 +218,9 @@ impl AssignmentCache {
             };
             self.stale.remove(&id);
             let changed = match read {
-                Some(assignment) => self.assignments.insert(id.clone(), assignment.clone()) != Some(assignment),
+                Some(assignment) => {
+                    self.assignments.insert(id.clone(), assignment.clone()) != Some(assignment)
+                }
                 None => self.assignments.remove(&id).is_some(),
             };
             if changed {
@@ -328,7 +330,10 @@ impl SyncLoop {
 
     /// This node's ports from `assignments`, limited to its slots; `None` (logged) when nimbus's
     /// assignments conflict, which the node then waits out.
-    fn local(&self, assignments: &BTreeMap<TopologyId, Assignment>) -> Option<BTreeMap<u16, LocalAssignment>> {
+    fn local(
+        &self,
+        assignments: &BTreeMap<TopologyId, Assignment>,
+    ) -> Option<BTreeMap<u16, LocalAssignment>> {
         let local = match local_assignment(&self.supervisor_id, assignments) {
             Ok(local) => local,
             Err(conflict) => {

@@ -22,7 +22,8 @@ use cluster_state::coord::{
 use cluster_state::ids::{ComponentId, ExecutorId, SupervisorId, TopologyId, WorkerSlot};
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{
-    Assignment, ErrorInfo, LocalWorkerHeartbeat, StormBase, TopologyStatus, WorkerHeartbeat, WorkerbeatThrottle, ZnodeData,
+    Assignment, ErrorInfo, LocalWorkerHeartbeat, StormBase, TopologyStatus, WorkerHeartbeat,
+    WorkerbeatThrottle, ZnodeData,
 };
 use prometheus::{IntCounter, Registry as MetricsRegistry};
 use tokio_util::sync::CancellationToken;

@@ -462,7 +462,9 @@ impl WorkerbeatThrottle {
 
     /// Whether `beat` should be written at `now`.
     pub fn due(&self, beat: &WorkerHeartbeat, now: tokio::time::Instant) -> bool {
-        self.last.as_ref().is_none_or(|(last, at)| now.duration_since(*at) >= self.every && beat.content_differs(last))
+        self.last
+            .as_ref()
+            .is_none_or(|(last, at)| now.duration_since(*at) >= self.every && beat.content_differs(last))
     }
 
     /// `beat` was written at `now`.
