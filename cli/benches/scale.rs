@@ -306,7 +306,10 @@ fn start_spout_task(
         partition_source: None,
         detached_session: false,
     };
-    let (member, handle, mut events) = Member::new(spec, RegistryConfig::default(), metrics.clone()).unwrap();
+    // Kafka's 6 s session timeout is for one member per process; thousands of them in this one
+    // process, on a shared 2-core machine, would expire for want of CPU, not of ZooKeeper.
+    let config = RegistryConfig { zookeeper_session_timeout_ms: 30_000, ..RegistryConfig::default() };
+    let (member, handle, mut events) = Member::new(spec, config, metrics.clone()).unwrap();
     let member_cancel = cancel.clone();
     tasks.spawn(async move {
         let _ = member.run(member_cancel).await;
@@ -616,11 +619,13 @@ async fn run(s: usize, window: Duration) -> Figures {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let spout_tasks = handles.len();
-    eventually(Duration::from_secs(300), "every spout task to own its partition", || async {
-        handles.iter().all(|h| h.ownership().partitions.len() == 1).then_some(())
-    })
-    .await;
-    eprintln!("S={s}: {spout_tasks} spout tasks own their partitions");
+    // Bounded, not fatal: the figures say how many owned a partition (and so committed).
+    let owning = || handles.iter().filter(|h| h.ownership().partitions.len() == 1).count();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while owning() < spout_tasks && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!("S={s}: {} of {spout_tasks} spout tasks own their partition", owning());
 
     // Steady state: let the first workerbeat writes and commits pass, then measure.
     tokio::time::sleep(WORKERBEATS_ZK_EVERY + Duration::from_secs(5)).await;
