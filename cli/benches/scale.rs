@@ -639,7 +639,7 @@ async fn run(s: usize, window: Duration) -> Figures {
     let (cpu_after, rss, peak) = proc_usage(nimbus_pid);
     let after_page = metrics_page(&client).await.unwrap();
     let (before, after) = (pass_buckets(&before_page), pass_buckets(&after_page));
-    let written = zk_after
+    let written: BTreeMap<String, (f64, f64)> = zk_after
         .written
         .iter()
         .map(|(ns, (w, b))| {
@@ -648,6 +648,14 @@ async fn run(s: usize, window: Duration) -> Figures {
         })
         .collect();
 
+    // The steady state's figures now, in case the reassignment below never completes.
+    let tps = (zk_after.transactions - zk_before.transactions) as f64 / window_secs;
+    eprintln!(
+        "S={s}: steady state over {window_secs:.0} s: {tps:.1} txn/s, writes/bytes per s by namespace {written:?}, nimbus cpu {:.3} s/s rss {rss:.0} MiB (peak {peak:.0}), monitor p50 {} p99 {}",
+        (cpu_after - cpu_before).as_secs_f64() / window_secs,
+        ms(quantile(0.5, &before, &after)),
+        ms(quantile(0.99, &before, &after)),
+    );
     // Close the sessions of every tenth supervisor; time until no assignment names them.
     let dead: BTreeSet<SupervisorId> = supervisors.iter().step_by(10).map(|s| s.id.clone()).collect();
     let killed = Instant::now();
@@ -670,7 +678,7 @@ async fn run(s: usize, window: Duration) -> Figures {
         reporting_secs,
         last_reporting_secs,
         window_secs,
-        transactions_per_sec: (zk_after.transactions - zk_before.transactions) as f64 / window_secs,
+        transactions_per_sec: tps,
         written,
         nimbus_cpu_per_sec: (cpu_after - cpu_before).as_secs_f64() / window_secs,
         nimbus_rss_mib: rss,
