@@ -50,26 +50,34 @@ async fn assignment(session: &Session, id: &TopologyId) -> Option<Assignment> {
     session.read::<Assignment>(&StormPaths::default().assignment(id)).await.ok().map(|(a, _)| a)
 }
 
-async fn acked(session: &Session, id: &TopologyId, slot: &WorkerSlot) -> u64 {
+/// The worker on `slot`'s start time and acked count, as its workerbeat node says.
+async fn acked(session: &Session, id: &TopologyId, slot: &WorkerSlot) -> (u64, u64) {
     let beat = session.read::<WorkerHeartbeat>(&StormPaths::default().workerbeat(id, slot)).await.ok();
-    beat.map_or(0, |(b, _)| b.executor_stats.iter().map(|s| s.acked).sum())
+    beat.map_or((0, 0), |(b, _)| (b.start_time_secs, b.executor_stats.iter().map(|s| s.acked).sum()))
 }
 
-/// Waits until every slot of the assignment runs a worker that acks new tuples.
+/// Waits until every slot of the assignment runs a worker that acks new tuples: more than the
+/// slot's node said before, or any for a worker started since (a rebalance replaces workers,
+/// whose counters start again from 0).
 async fn flowing(session: &Session, id: &TopologyId, what: &str) -> Assignment {
     let a = assignment(session, id).await.unwrap();
-    let before: BTreeMap<WorkerSlot, u64> = {
+    let before: BTreeMap<WorkerSlot, (u64, u64)> = {
         let mut m = BTreeMap::new();
         for slot in a.slots() {
             m.insert(slot.clone(), acked(session, id, &slot).await);
         }
         m
     };
-    for (slot, was) in &before {
+    for (slot, (started, was)) in &before {
+        // A worker rewrites its node at most once a minute (squall.workerbeats.zk.secs), and
+        // a new one first writes at once, with nothing acked yet.
         eventually(
-            Duration::from_secs(90),
+            Duration::from_secs(150),
             &format!("{what}: the worker on port {} to ack tuples", slot.port),
-            || async { (acked(session, id, slot).await > *was).then_some(()) },
+            || async {
+                let (start, now) = acked(session, id, slot).await;
+                (now > *was || (start != *started && now > 0)).then_some(())
+            },
         )
         .await;
     }

@@ -378,6 +378,26 @@ fn workerbeat_content_is_everything_but_the_clock_with_stats_at_two_digits() {
     }
 }
 
+/// The throttle of workerbeat writes: the first at once, then only a changed content and only
+/// `every` after the last write.
+#[test]
+fn workerbeats_are_written_at_once_then_only_changed_and_not_before_the_interval() {
+    use cluster_state::znode::WorkerbeatThrottle;
+    use std::time::Duration;
+    let every = Duration::from_secs(60);
+    let mut throttle = WorkerbeatThrottle::new(every);
+    let t0 = tokio::time::Instant::now();
+    let base = heartbeat();
+    assert!(throttle.due(&base, t0), "the first beat is written at once");
+    throttle.written(base.clone(), t0);
+    let mut busier = heartbeat();
+    busier.executor_stats[0].acked += 1000;
+    assert!(!throttle.due(&busier, t0 + every - Duration::from_secs(1)), "changed, but too soon");
+    assert!(throttle.due(&busier, t0 + every), "changed, and the interval passed");
+    let same = WorkerHeartbeat { time_secs: base.time_secs + 600, uptime_secs: 660, ..heartbeat() };
+    assert!(!throttle.due(&same, t0 + every * 10), "unchanged content is never rewritten");
+}
+
 #[test]
 fn worker_heartbeat_garbage() {
     assert_rejects_json_garbage::<WorkerHeartbeat>(HEARTBEAT, 2);

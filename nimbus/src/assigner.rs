@@ -37,7 +37,7 @@ use crate::leader::{self, Leadership};
 use crate::limits::{LimitError, TopologyLimits};
 use crate::liveness::{HeartbeatCache, Timeouts};
 use crate::metrics::NimbusMetrics;
-use crate::scheduler::{ScheduleInput, schedule};
+use crate::scheduler::{Schedule, ScheduleInput, schedule};
 use crate::state::{self, Skipped};
 use crate::transitions::{RescheduleError, Rescheduler, Transitions};
 use cluster_state::clock::now_secs;
@@ -467,19 +467,31 @@ impl Assigner {
                     })
                     .unwrap_or_default()
             };
-            let used_by_others: BTreeSet<WorkerSlot> = held
-                .iter()
-                .filter(|(other, _)| *other != id)
-                .flat_map(|(_, slots)| slots.iter().cloned())
-                .collect();
-            let input = ScheduleInput {
-                num_workers: base.num_workers as usize,
-                executors,
-                alive,
-                supervisor_ports: supervisor_ports.clone(),
-                used_by_others,
+            // Every executor alive on a live slot: the scheduler would keep them all where they
+            // are and place nothing, so its answer is known without building its input (the
+            // slots of every other topology), which at thousands of slots and hundreds of
+            // topologies is most of a pass.
+            let settled = alive.len() == executors.len()
+                && alive.iter().all(|(executor, slot)| {
+                    executors.contains(executor)
+                        && supervisor_ports.get(&slot.node).is_some_and(|ports| ports.contains(&slot.port))
+                });
+            let decided = if settled {
+                Schedule { assignment: alive, unassigned: Vec::new() }
+            } else {
+                let used_by_others: BTreeSet<WorkerSlot> = held
+                    .iter()
+                    .filter(|(other, _)| *other != id)
+                    .flat_map(|(_, slots)| slots.iter().cloned())
+                    .collect();
+                schedule(&ScheduleInput {
+                    num_workers: base.num_workers as usize,
+                    executors,
+                    alive,
+                    supervisor_ports: supervisor_ports.clone(),
+                    used_by_others,
+                })
             };
-            let decided = schedule(&input);
             report.unassigned += decided.unassigned.len();
             if !decided.unassigned.is_empty() {
                 tracing::warn!(

@@ -416,8 +416,13 @@ async fn dispatch(state: &ApiState, request: Request<Incoming>) -> Result<Respon
         Route::SupervisorHeartbeat => {
             let beat: SupervisorHeartbeat = json_body(request, state.config.max_heartbeat_body_bytes).await?;
             beat.validate()?;
-            let workers = state.assigner.heartbeats().record(beat);
-            state.transitions.metrics().supervisor_heartbeats.inc();
+            let store = state.assigner.heartbeats();
+            let workers = store.record(beat);
+            let metrics = state.transitions.metrics();
+            metrics.supervisor_heartbeats.inc();
+            // Current at every report, not only at the monitor's pass (the scale bench times
+            // submit -> every worker reported with it).
+            metrics.workers_reported.set(store.workers_reported() as i64);
             ok(&HeartbeatAccepted { workers })
         }
         Route::Activate(id) => ok(&operate(state, &id, Operation::Activate, Event::Activate).await?),

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cluster_state::code::CodeFile;
-use cluster_state::coord::{self, AUTH_ENV, Ensemble, Session, SessionOptions, ZkAuth};
+use cluster_state::coord::{AUTH_ENV, Ensemble, Session, SessionOptions, ZkAuth};
 use cluster_state::files;
 use cluster_state::ids::{SupervisorId, TopologyId, WorkerId};
 use cluster_state::launch::WorkerLaunch;
@@ -24,7 +24,7 @@ use cluster_state::metrics::CoordMetrics;
 use cluster_state::paths::StormPaths;
 use cluster_state::tls::{self, ClientTls};
 use cluster_state::worker_logs;
-use cluster_state::znode::{Assignment, MetricsScheme, SupervisorInfo};
+use cluster_state::znode::{MetricsScheme, SupervisorInfo};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -34,10 +34,11 @@ use crate::code_sync::CodeSync;
 use crate::heartbeat::{LocalFiles, Reporter, RunningWorker};
 use crate::launch::{Launcher, WorkerSpec};
 use crate::metrics::SupervisorMetrics;
-use crate::plan::{LocalAssignment, WorkerTimeouts, local_assignment};
+use crate::plan::{LocalAssignment, WorkerTimeouts};
 use crate::process_task::{Done, ProcessError, ProcessTask, SpecBuilder};
 use crate::registration::Registration;
 use crate::run_as::{RunAs, WorkerUser};
+use crate::sync::{Node, SyncLoop};
 
 /// The supervisor's settings, with Storm's key names.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -333,30 +334,6 @@ fn worker_spec(
     )
 }
 
-/// Reads every assignment, skipping (and logging) garbage.
-async fn read_assignments(
-    session: &Session,
-    paths: &StormPaths,
-) -> coord::Result<BTreeMap<TopologyId, Assignment>> {
-    let mut out = BTreeMap::new();
-    let dir = paths.assignments_dir();
-    for child in session.children_or_empty(&dir).await? {
-        let Ok(id) = child.parse::<TopologyId>() else {
-            tracing::warn!(path = %format!("{dir}/{child}"), "ignoring an assignment with a bad name");
-            continue;
-        };
-        match session.read::<Assignment>(&paths.assignment(&id)).await {
-            Ok((assignment, _)) => {
-                out.insert(id, assignment);
-            }
-            Err(coord::Error::NoNode { .. }) => {}
-            Err(coord::Error::Decode(e)) => tracing::warn!(error = %e, "ignoring an unreadable assignment"),
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(out)
-}
-
 /// Runs the supervisor until `shutdown`.
 // Over 100 lines on purpose: Storm's supervisor loop read top to bottom (set up metrics, local
 // state and registration, then one round per `supervisor.monitor.frequency.secs` until
@@ -393,7 +370,7 @@ pub async fn run(
     if let Some(user) = &worker_user {
         tracing::info!(user = %user.name, uid = user.uid, gid = user.gid, "workers run as another user");
     }
-    let mut process = ProcessTask::open(
+    let process = ProcessTask::open(
         &config.local_dir,
         launcher,
         worker_spec(&config, &paths, &code, &program, ensemble.security().auth.as_ref(), worker_user),
@@ -459,84 +436,63 @@ pub async fn run(
     };
     tasks.spawn(reporter.run(shutdown.child_token()));
 
-    let slots: BTreeSet<u16> = config.slots_ports.iter().copied().collect();
-    let tick = Duration::from_secs(config.monitor_frequency_secs);
-    let mut session: Option<Session> = None;
-    let mut code_retries = CodeRetries::default();
-    while !shutdown.is_cancelled() {
-        if session.as_ref().is_none_or(|s| s.state().is_terminal()) {
-            session = match ensemble.connect(&config.session_options()).await {
-                Ok(s) => Some(s.instrument(coord_metrics.clone())),
-                Err(e) => {
-                    tracing::warn!(error = %e, "supervisor cannot reach ZooKeeper; retrying");
-                    None
-                }
-            };
-        }
-        let mut changed = None;
-        if let Some(s) = &session {
-            // Nimbus HA: the nimbuses registered in ZooKeeper are code sources too, after the
-            // configured ones.
-            if let Ok(registered) = s.children_or_empty(&paths.nimbuses_dir()).await {
-                let mut seeds = configured_seeds.clone();
-                seeds.extend(registered.into_iter().filter(|n| !configured_seeds.contains(n)));
-                code.nimbus.seeds = seeds;
-            }
-            // Arm the watch before reading, so a change during the round triggers the next one.
-            changed = s.children_watch(&paths.assignments_dir()).await.ok().map(|(_, w)| w);
-            match read_assignments(s, &paths).await {
-                Ok(assignments) => {
-                    let done = round(
-                        &supervisor_id,
-                        &assignments,
-                        &slots,
-                        &code,
-                        &mut process,
-                        &mut code_retries,
-                        &metrics,
-                    )
-                    .await;
-                    metrics.count(&done);
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot read assignments; retrying"),
-            }
-            workers_tx.send_if_modified(|current| {
-                let now = running_workers(&process);
-                let changed = *current != now;
-                *current = now;
-                changed
-            });
-            // Only a real change wakes the registration (which then rewrites its znode).
-            let ports = process.used_ports();
-            metrics.set_slots(ports.len(), slots.len());
-            ports_tx.send_if_modified(|current| {
-                let changed = *current != ports;
-                if changed {
-                    *current = ports;
-                }
-                changed
-            });
-        }
-        let wait = async {
-            match changed {
-                Some(watch) => {
-                    let _ = tokio::time::timeout(tick, watch).await;
-                }
-                None => tokio::time::sleep(tick).await,
-            }
-        };
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            () = wait => {}
-        }
-    }
+    let sync = SyncLoop {
+        ensemble: ensemble.clone(),
+        session_options: config.session_options(),
+        paths: paths.clone(),
+        supervisor_id: supervisor_id.clone(),
+        slots: config.slots_ports.iter().copied().collect(),
+        tick: Duration::from_secs(config.monitor_frequency_secs),
+        coord_metrics: Some(coord_metrics),
+    };
+    let mut node = Workers {
+        paths,
+        configured_seeds,
+        code,
+        process,
+        retries: CodeRetries::default(),
+        metrics,
+        slots: config.slots_ports.len(),
+    };
+    sync.run(&mut node, &ports_tx, &workers_tx, shutdown).await;
     while tasks.join_next().await.is_some() {}
-    if let Some(s) = session {
-        // Bounded: the supervisor must stop even while ZooKeeper is down.
-        s.close_within(coord::SHUTDOWN_CLOSE_BOUND).await;
-    }
     tracing::info!(%supervisor_id, "supervisor stopped; its workers keep running");
     Ok(())
+}
+
+/// The real supervisor's [`Node`]: code from nimbus, worker processes through the process task.
+struct Workers {
+    paths: StormPaths,
+    configured_seeds: Vec<String>,
+    code: CodeSync,
+    process: ProcessTask,
+    retries: CodeRetries,
+    metrics: SupervisorMetrics,
+    /// How many ports this supervisor offers.
+    slots: usize,
+}
+
+impl Node for Workers {
+    async fn apply(&mut self, session: &Session, desired: &BTreeMap<u16, LocalAssignment>) {
+        // Nimbus HA: the nimbuses registered in ZooKeeper are code sources too, after the
+        // configured ones.
+        if let Ok(registered) = session.children_or_empty(&self.paths.nimbuses_dir()).await {
+            let mut seeds = self.configured_seeds.clone();
+            seeds.extend(registered.into_iter().filter(|n| !self.configured_seeds.contains(n)));
+            self.code.nimbus.seeds = seeds;
+        }
+        let done = round(desired, &self.code, &mut self.process, &mut self.retries, &self.metrics).await;
+        self.metrics.count(&done);
+        self.metrics.set_slots(self.process.used_ports().len(), self.slots);
+    }
+
+    fn running(&self) -> Vec<RunningWorker> {
+        running_workers(&self.process)
+    }
+
+    fn used_ports(&self) -> Vec<u16> {
+        self.process.used_ports()
+    }
 }
 
 /// The workers the process task runs, for the heartbeat reporter.
@@ -563,31 +519,14 @@ struct CodeRetries {
 /// does not match its checksum) and cannot be fetched only holds its launch: the worker already
 /// running there is judged as usual, never killed for it.
 async fn round(
-    supervisor: &SupervisorId,
-    assignments: &BTreeMap<TopologyId, Assignment>,
-    slots: &BTreeSet<u16>,
+    desired: &BTreeMap<u16, LocalAssignment>,
     code: &CodeSync,
     process: &mut ProcessTask,
     retries: &mut CodeRetries,
     metrics: &SupervisorMetrics,
 ) -> Vec<Done> {
-    let local = match local_assignment(supervisor, assignments) {
-        Ok(local) => local,
-        Err(conflict) => {
-            tracing::error!(error = %conflict, "inconsistent assignments; waiting for nimbus to fix them");
-            return Vec::new();
-        }
-    };
-    let mut desired = BTreeMap::new();
-    for (port, assignment) in local {
-        if !slots.contains(&port) {
-            tracing::warn!(port, topology = %assignment.topology_id, "assigned a port this supervisor does not offer");
-            continue;
-        }
-        desired.insert(port, assignment);
-    }
     let now_secs = cluster_state::clock::now_secs();
-    let launching = process.launches_due(&desired, now_secs);
+    let launching = process.launches_due(desired, now_secs);
     let to_verify: BTreeSet<&TopologyId> =
         desired.iter().filter(|(port, _)| launching.contains(port)).map(|(_, a)| &a.topology_id).collect();
     let mut ready = BTreeMap::new();
@@ -605,7 +544,7 @@ async fn round(
         .filter(|(_, a)| !ready.get(&a.topology_id).copied().unwrap_or(false))
         .map(|(port, _)| *port)
         .collect();
-    let done = match process.reconcile(&desired, &held, now_secs).await {
+    let done = match process.reconcile(desired, &held, now_secs).await {
         Ok(done) => {
             for action in &done {
                 tracing::info!(?action, "worker action");

@@ -22,6 +22,9 @@
 //!   local state so a restarted supervisor adopts its workers.
 //! - [`registration`]: the ephemeral `/storm/supervisors/<id>` heartbeat, re-created after a
 //!   session expiry.
+//! - [`sync`]: the sync task: `/storm/assignments` kept in a watch-driven cache, this node's
+//!   local assignment, and a [`sync::Node`] that runs it (worker processes here; simulated
+//!   workers in the scale bench).
 //! - [`plan`]: the sync decisions as pure functions: this node's local assignment, and which
 //!   workers to kill and which ports to launch (Storm's `sync-processes`).
 
@@ -39,3 +42,4 @@ pub mod plan;
 pub mod process_task;
 pub mod registration;
 pub mod run_as;
+pub mod sync;

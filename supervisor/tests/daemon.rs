@@ -131,6 +131,10 @@ impl Drop for KillWorkers {
 async fn a_failed_code_download_leaves_the_running_worker_alone() {
     let connect = ZkServer::shared().chroot("a_failed_code_download").await;
     let session = Ensemble::zookeeper(connect.clone()).connect(&SessionOptions::default()).await.unwrap();
+    // The assignments directory before the supervisor: it watches for the directory and runs a
+    // round (no assignment: code is stale and removed) the moment it appears, which must not
+    // come between the code being put in place by hand and the assignment.
+    session.create("/storm/assignments", b"", CreateMode::Persistent.with_parents()).await.unwrap();
     let port = free_port();
     let supervisor = start(&connect, port);
     let id = registered(&session).await;

@@ -23,7 +23,7 @@ use cluster_state::ids::{ComponentId, ExecutorId, SupervisorId, TopologyId, Work
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{
     Assignment, ErrorInfo, LocalWorkerHeartbeat, MetricsScheme, StormBase, TopologyStatus, WorkerHeartbeat,
-    ZnodeData,
+    WorkerbeatThrottle, ZnodeData,
 };
 use prometheus::{IntCounter, Registry as MetricsRegistry};
 use tokio_util::sync::CancellationToken;
@@ -486,7 +486,7 @@ async fn run_session(
     let zk_beat_every = Duration::from_secs(
         config.workerbeats_zk_secs.unwrap_or(topology.config().workerbeats_zk_secs).max(1),
     );
-    let mut zk_written: Option<(WorkerHeartbeat, Instant)> = None;
+    let mut zk_throttle = WorkerbeatThrottle::new(zk_beat_every);
 
     loop {
         let mut reconcile = false;
@@ -523,10 +523,10 @@ async fn run_session(
                 // supervisor start a fresh one. Checked every tick, written or not.
                 let lost = if session.state().is_terminal() {
                     Some(Error::Coord(CoordError::SessionExpired { path: Some(beat_znode.clone()) }))
-                } else if zk_written.as_ref().is_none_or(|(last, at)| at.elapsed() >= zk_beat_every && beat.content_differs(last)) {
+                } else if zk_throttle.due(&beat, tokio::time::Instant::now()) {
                     match session.set_or_create(&beat_znode, &beat.encode()).await.map_err(Error::from) {
                         Ok(()) => {
-                            zk_written = Some((beat, Instant::now()));
+                            zk_throttle.written(beat, tokio::time::Instant::now());
                             None
                         }
                         Err(Error::Coord(e)) if e.is_session_lost() => Some(Error::Coord(e)),

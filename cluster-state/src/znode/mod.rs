@@ -35,7 +35,8 @@ pub use kafka::{
 };
 pub use storm::{
     Assignment, DelayedTransition, ErrorInfo, ExecutorAssignment, ExecutorStats, LocalWorkerHeartbeat,
-    MetricsScheme, NimbusSummary, StormBase, SupervisorInfo, TopologyStatus, WorkerHeartbeat, two_digits,
+    MetricsScheme, NimbusSummary, StormBase, SupervisorInfo, TopologyStatus, WorkerHeartbeat,
+    WorkerbeatThrottle, two_digits,
 };
 
 /// A type stored as a znode's data.

@@ -483,6 +483,35 @@ impl WorkerHeartbeat {
     }
 }
 
+/// When a worker writes its `/storm/workerbeats` node (`squall.workerbeats.zk.secs`): at once,
+/// then only when its content changed ([`WorkerHeartbeat::content_differs`]) and at least
+/// `every` after the previous write. Liveness goes to nimbus through the supervisor's
+/// aggregated heartbeat; the node is for tools reading Storm's layout. The worker process and
+/// the scale bench's simulated workers decide with it.
+#[derive(Debug, Clone)]
+pub struct WorkerbeatThrottle {
+    every: std::time::Duration,
+    last: Option<(WorkerHeartbeat, tokio::time::Instant)>,
+}
+
+impl WorkerbeatThrottle {
+    pub fn new(every: std::time::Duration) -> Self {
+        WorkerbeatThrottle { every, last: None }
+    }
+
+    /// Whether `beat` should be written at `now`.
+    pub fn due(&self, beat: &WorkerHeartbeat, now: tokio::time::Instant) -> bool {
+        self.last
+            .as_ref()
+            .is_none_or(|(last, at)| now.duration_since(*at) >= self.every && beat.content_differs(last))
+    }
+
+    /// `beat` was written at `now`.
+    pub fn written(&mut self, beat: WorkerHeartbeat, now: tokio::time::Instant) {
+        self.last = Some((beat, now));
+    }
+}
+
 /// `n` with all but its two most significant decimal digits zeroed (`12_345` -> `12_000`).
 pub fn two_digits(n: u64) -> u64 {
     let mut scale = 1;
