@@ -397,6 +397,12 @@ impl SpoutCollector<'_> {
         self.em.report_error(error.to_string());
     }
 
+    /// Adds `by` to this executor's count `name`, exported as `squall_component_count_total`
+    /// (Storm's `CountShellMetric`; the multilang `metrics` command comes here).
+    pub fn count(&mut self, name: &str, by: u64) -> Result<(), crate::stats::CountError> {
+        self.em.stats.count(name, by)
+    }
+
     /// This task.
     pub fn task(&self) -> TaskId {
         self.em.task
@@ -531,6 +537,12 @@ impl BoltCollector<'_> {
     /// Reports an error to `/storm/errors` (rate-limited).
     pub fn report_error(&mut self, error: impl std::fmt::Display) {
         self.em.report_error(error.to_string());
+    }
+
+    /// Adds `by` to this executor's count `name`, exported as `squall_component_count_total`
+    /// (Storm's `CountShellMetric`; the multilang `metrics` command comes here).
+    pub fn count(&mut self, name: &str, by: u64) -> Result<(), crate::stats::CountError> {
+        self.em.stats.count(name, by)
     }
 
     /// This task.

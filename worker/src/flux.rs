@@ -226,12 +226,13 @@ impl Registry {
                         Box::new(crate::multilang::ShellBolt::new(spec.clone())) as Box<dyn Bolt>
                     }))
                 }
-            } else if c.constructor_args.is_some() {
+            } else if c.constructor_args.is_some() || c.config_methods.is_some() {
                 return Err(Error::BadParams {
                     element,
                     component: c.id.clone(),
                     reason: format!(
-                        "constructorArgs are only for shell components ({}); other classes take params",
+                        "constructorArgs and configMethods are only for shell components ({}); other \
+                         classes take params",
                         shell.join(", ")
                     ),
                 });
@@ -313,42 +314,90 @@ impl Registry {
 
 impl Registry {
     /// A shell component's spec from Flux's `FluxShellBolt` / `FluxShellSpout` constructor
-    /// arguments: `[command, outputFields]` or `[command, componentConfig, outputFields]`.
+    /// arguments (`[command]`, `[command, outputFields]` or `[command, componentConfig,
+    /// outputFields]`), then their `configMethods` in order: `setDefaultStream [fields]`,
+    /// `setNamedStream name [fields]` and `addComponentConfig key value`.
     fn shell_spec(&self, c: &FluxComponent) -> Result<crate::multilang::ShellSpec, String> {
-        const SHAPE: &str = "constructorArgs must be [[command, args..], [output fields..]] or \
-                             [[command, args..], {component config}, [output fields..]]";
+        const SHAPE: &str = "constructorArgs must be [[command, args..]], [[command, args..], [output \
+                             fields..]] or [[command, args..], {component config}, [output fields..]]";
         if !c.params.is_null() {
             return Err("a shell component takes constructorArgs, not params".into());
         }
         let args =
             c.constructor_args.as_deref().ok_or_else(|| format!("missing constructorArgs: {SHAPE}"))?;
-        let strings = |v: &serde_yaml_ng::Value, what: &str| -> Result<Vec<String>, String> {
-            serde_yaml_ng::from_value::<Vec<String>>(v.clone())
-                .map_err(|_| format!("{what} must be a list of strings: {SHAPE}"))
-        };
         let (command, config, fields) = match args {
-            [command, fields] => (command, None, fields),
-            [command, config, fields] => (command, Some(config), fields),
+            [command] => (command, None, None),
+            [command, fields] => (command, None, Some(fields)),
+            [command, config, fields] => (command, Some(config), Some(fields)),
             _ => return Err(format!("{} constructorArgs: {SHAPE}", args.len())),
         };
-        let command = strings(command, "the command")?;
+        let command =
+            strings(command).map_err(|_| format!("the command must be a list of strings: {SHAPE}"))?;
         if command.first().is_none_or(|p| p.is_empty()) {
             return Err("the command is empty".into());
         }
-        let fields = strings(fields, "the output fields")?;
-        let component_config = match config {
+        let mut component_config = match config {
             None => serde_json::Map::new(),
             Some(v) => serde_yaml_ng::from_value::<serde_json::Map<String, serde_json::Value>>(v.clone())
                 .map_err(|e| format!("the component config must be a map: {e}"))?,
         };
+        let mut outputs: Vec<(String, crate::tuple::Fields)> = Vec::new();
+        let mut set_stream = |name: String, fields: Vec<String>| {
+            let fields = crate::tuple::Fields::new(fields);
+            match outputs.iter_mut().find(|(stream, _)| *stream == name) {
+                Some(declared) => declared.1 = fields,
+                None => outputs.push((name, fields)),
+            }
+        };
+        if let Some(fields) = fields {
+            let fields = strings(fields)
+                .map_err(|_| format!("the output fields must be a list of strings: {SHAPE}"))?;
+            set_stream(DEFAULT_STREAM.to_owned(), fields);
+        }
+        for (i, method) in c.config_methods.iter().flatten().enumerate() {
+            let at = |reason: String| format!("configMethods[{i}] {:?}: {reason}", method.name);
+            let fields_of = |v: &serde_yaml_ng::Value| {
+                strings(v).map_err(|_| at("the output fields must be a list of strings".into()))
+            };
+            match (method.name.as_str(), method.args.as_slice()) {
+                ("setDefaultStream", [fields]) => set_stream(DEFAULT_STREAM.to_owned(), fields_of(fields)?),
+                ("setNamedStream", [name, fields]) => {
+                    let name = name
+                        .as_str()
+                        .filter(|n| !n.is_empty())
+                        .ok_or_else(|| at("the stream name must be a non-empty string".into()))?;
+                    set_stream(name.to_owned(), fields_of(fields)?);
+                }
+                ("addComponentConfig", [key, value]) => {
+                    let key = key.as_str().ok_or_else(|| at("the key must be a string".into()))?;
+                    let value = serde_json::to_value(value)
+                        .map_err(|e| at(format!("the value cannot be passed on as JSON: {e}")))?;
+                    component_config.insert(key.to_owned(), value);
+                }
+                ("setDefaultStream" | "setNamedStream" | "addComponentConfig", args) => {
+                    let wanted = match method.name.as_str() {
+                        "setDefaultStream" => "[[fields..]]",
+                        "setNamedStream" => "[name, [fields..]]",
+                        _ => "[key, value]",
+                    };
+                    return Err(at(format!("takes args {wanted}, got {} args", args.len())));
+                }
+                (other, _) => {
+                    return Err(format!(
+                        "configMethods[{i}]: unknown method {other:?}; a shell component knows \
+                         setDefaultStream, setNamedStream and addComponentConfig"
+                    ));
+                }
+            }
+        }
         let working_dir = self.resources_dir.clone().unwrap_or_else(|| PathBuf::from("."));
-        Ok(crate::multilang::ShellSpec {
-            command,
-            component_config,
-            outputs: vec![(DEFAULT_STREAM.to_owned(), crate::tuple::Fields::new(fields))],
-            working_dir,
-        })
+        Ok(crate::multilang::ShellSpec { command, component_config, outputs, working_dir })
     }
+}
+
+/// A YAML list of strings.
+fn strings(v: &serde_yaml_ng::Value) -> std::result::Result<Vec<String>, serde_yaml_ng::Error> {
+    serde_yaml_ng::from_value::<Vec<String>>(v.clone())
 }
 
 fn no_params(p: &Params) -> Result<(), String> {
@@ -387,6 +436,18 @@ struct FluxComponent {
     /// Shell components only (Flux's constructor arguments of `FluxShellBolt`/`FluxShellSpout`).
     #[serde(default)]
     constructor_args: Option<Vec<serde_yaml_ng::Value>>,
+    /// Shell components only: Flux's setter calls (`setNamedStream`, ...), applied in order.
+    #[serde(default)]
+    config_methods: Option<Vec<FluxConfigMethod>>,
+}
+
+/// One of Flux's `configMethods`: a method name and its arguments.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FluxConfigMethod {
+    name: String,
+    #[serde(default)]
+    args: Vec<serde_yaml_ng::Value>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -7,7 +7,9 @@
 //! (spouts), `squall_executor_queue_depth` / `_capacity` (inbound queue, in batches),
 //! `squall_executor_backpressure_seconds_total`, and the histograms
 //! `squall_executor_execute_latency_seconds` (bolts, sampled 1 in 20) and
-//! `squall_executor_complete_latency_seconds` (spouts).
+//! `squall_executor_complete_latency_seconds` (spouts); and `squall_component_count_total`
+//! (labels plus `name`): what a component counts itself (the multilang `metrics` command,
+//! [`crate::BoltCollector::count`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -39,7 +41,7 @@ pub struct ExecutorMetrics {
     descs: Vec<Desc>,
 }
 
-const FAMILIES: [(&str, &str, MetricType); 10] = [
+const FAMILIES: [(&str, &str, MetricType); 11] = [
     ("squall_executor_emitted_total", "Tuples emitted by the executor", MetricType::COUNTER),
     ("squall_executor_transferred_total", "Tuples the executor sent to other tasks", MetricType::COUNTER),
     ("squall_executor_acked_total", "Tuples acked by the executor", MetricType::COUNTER),
@@ -66,7 +68,15 @@ const FAMILIES: [(&str, &str, MetricType); 10] = [
         "Time from a spout's emit to the full ack of the tuple tree",
         MetricType::HISTOGRAM,
     ),
+    (
+        "squall_component_count_total",
+        "What a component counts itself, by name (Storm's CountShellMetric; the multilang metrics command)",
+        MetricType::COUNTER,
+    ),
 ];
+
+/// The index in [`FAMILIES`] of the one family with the extra `name` label.
+const COUNTS: usize = 10;
 
 const LABELS: [&str; 3] = ["topology", "component", "task"];
 
@@ -75,13 +85,13 @@ impl ExecutorMetrics {
     pub fn new(topology: &str) -> prometheus::Result<Self> {
         let descs = FAMILIES
             .iter()
-            .map(|(name, help, _)| {
-                Desc::new(
-                    (*name).to_owned(),
-                    (*help).to_owned(),
-                    LABELS.iter().map(|l| (*l).to_owned()).collect(),
-                    HashMap::new(),
-                )
+            .enumerate()
+            .map(|(i, (name, help, _))| {
+                let mut labels: Vec<String> = LABELS.iter().map(|l| (*l).to_owned()).collect();
+                if i == COUNTS {
+                    labels.push("name".to_owned());
+                }
+                Desc::new((*name).to_owned(), (*help).to_owned(), labels, HashMap::new())
             })
             .collect::<prometheus::Result<Vec<_>>>()?;
         Ok(ExecutorMetrics {
@@ -179,6 +189,14 @@ impl Collector for ExecutorMetrics {
             }
             let backpressure = s.stats.backpressure_ns.load(Ordering::Relaxed) as f64 / 1e9;
             families[7].push(scalar(self.labels(s), MetricType::COUNTER, backpressure));
+            for (name, value) in s.stats.counts() {
+                let mut labels = self.labels(s);
+                let mut pair = proto::LabelPair::default();
+                pair.set_name("name".to_owned());
+                pair.set_value(name);
+                labels.push(pair);
+                families[COUNTS].push(scalar(labels, MetricType::COUNTER, value as f64));
+            }
         }
         FAMILIES
             .iter()
@@ -193,5 +211,50 @@ impl Collector for ExecutorMetrics {
                 family
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::stats::{CountError, MAX_COMPONENT_METRICS};
+    use cluster_state::ids::{ExecutorId, TaskId};
+
+    #[test]
+    fn a_components_counts_are_a_counter_family_with_a_name_label_and_bounded() {
+        let stats = Arc::new(ExecStats::new(ExecutorId::new(TaskId(3), TaskId(3)).unwrap()));
+        stats.count("words", 5).unwrap();
+        stats.count("words", 2).unwrap();
+        stats.count("sentences", 1).unwrap();
+        assert_eq!(stats.count("bad name", 1), Err(CountError::BadName("bad name".into())));
+        assert_eq!(stats.count("", 1), Err(CountError::BadName(String::new())));
+        let metrics = ExecutorMetrics::new("t").unwrap();
+        let source = ExecutorSource {
+            component: "split".into(),
+            task: 3,
+            is_spout: false,
+            stats: stats.clone(),
+            inbox: None,
+        };
+        metrics.set_sources(vec![source]);
+        let registry = prometheus::Registry::new();
+        registry.register(Box::new(metrics)).unwrap();
+        let families = registry.gather();
+        let family = families.iter().find(|f| f.name() == "squall_component_count_total").unwrap();
+        let seen: Vec<(String, f64)> = family
+            .get_metric()
+            .iter()
+            .map(|m| {
+                let name = m.get_label().iter().find(|l| l.name() == "name").unwrap().value().to_owned();
+                (name, m.get_counter().get_value())
+            })
+            .collect();
+        assert_eq!(seen, vec![("sentences".to_owned(), 1.0), ("words".to_owned(), 7.0)]);
+        for i in 2..MAX_COMPONENT_METRICS {
+            stats.count(&format!("m{i}"), 1).unwrap();
+        }
+        assert_eq!(stats.count("one-too-many", 1), Err(CountError::TooMany("one-too-many".into())));
+        stats.count("words", 1).unwrap();
     }
 }

@@ -19,6 +19,20 @@ pub(crate) const SAMPLE_EVERY: u64 = 20;
 pub const LATENCY_BUCKETS: [f64; 12] =
     [0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
 
+/// Names a component may count under (Storm's `CountShellMetric` by name; the multilang
+/// `metrics` command); more are refused, so a component cannot grow the worker's metrics page
+/// without bound.
+pub const MAX_COMPONENT_METRICS: usize = 64;
+
+/// Why a component's count was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CountError {
+    #[error("metric name {0:?} is not 1 to 64 characters of letters, digits, '_', '.', ':' or '-'")]
+    BadName(String),
+    #[error("metric {0:?} would pass the limit of {MAX_COMPONENT_METRICS} metric names per executor")]
+    TooMany(String),
+}
+
 /// Live statistics of one executor.
 #[derive(Debug)]
 pub struct ExecStats {
@@ -39,6 +53,8 @@ pub struct ExecStats {
     execute_buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
     /// Time this executor's emits waited for a full downstream queue (backpressure), ns.
     pub backpressure_ns: AtomicU64,
+    /// The component's own counts by name ([`ExecStats::count`]), in first-use order.
+    counts: Mutex<Vec<(String, u64)>>,
 }
 
 impl ExecStats {
@@ -57,7 +73,31 @@ impl ExecStats {
             complete_us: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 2).ok()),
             execute_buckets: std::array::from_fn(|_| AtomicU64::new(0)),
             backpressure_ns: AtomicU64::new(0),
+            counts: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Adds `by` to the component's count `name` (off the tuple path: a lock and a scan of at
+    /// most [`MAX_COMPONENT_METRICS`] names).
+    pub(crate) fn count(&self, name: &str, by: u64) -> Result<(), CountError> {
+        let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-');
+        if name.is_empty() || name.len() > 64 || !name.chars().all(valid) {
+            return Err(CountError::BadName(name.to_owned()));
+        }
+        let mut counts = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, value)) = counts.iter_mut().find(|(n, _)| n == name) {
+            *value = value.saturating_add(by);
+        } else if counts.len() >= MAX_COMPONENT_METRICS {
+            return Err(CountError::TooMany(name.to_owned()));
+        } else {
+            counts.push((name.to_owned(), by));
+        }
+        Ok(())
+    }
+
+    /// The component's counts by name.
+    pub fn counts(&self) -> Vec<(String, u64)> {
+        self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     pub(crate) fn record_execute(&self, d: Duration) {

@@ -225,3 +225,96 @@ fn kafka_like_components(registry: &mut Registry) {
         Ok(std::sync::Arc::new(|| Box::new(worker::builtin::LogSink) as Box<dyn worker::Bolt>))
     });
 }
+
+/// A word count whose split bolt is a shell bolt declared Flux's way, with `configMethods`.
+const SHELL: &str = r#"
+name: shellstreams
+spouts:
+  - id: sentences
+    className: sentence-generator
+    params: {rate_per_sec: 1000, count: 100}
+bolts:
+  - id: split
+    className: org.apache.storm.flux.wrappers.bolts.FluxShellBolt
+    constructorArgs:
+      - [python3, split.py]
+    configMethods:
+      - name: setDefaultStream
+        args:
+          - [word]
+      - name: setNamedStream
+        args:
+          - lengths
+          - [word, length]
+      - name: addComponentConfig
+        args: [split.lower, true]
+  - id: count
+    className: word-count
+streams:
+  - from: sentences
+    to: split
+    grouping:
+      type: SHUFFLE
+  - from: split
+    to: count
+    grouping:
+      type: FIELDS
+      args: [length]
+      streamId: lengths
+"#;
+
+#[test]
+fn shell_components_declare_named_streams_with_flux_config_methods() {
+    let t = load(SHELL).unwrap();
+    let split = t.component("split").unwrap();
+    assert_eq!(split.output("default").map(|f| f.names().to_vec()), Some(vec!["word".to_owned()]));
+    assert_eq!(
+        split.output("lengths").map(|f| f.names().to_vec()),
+        Some(vec!["word".to_owned(), "length".to_owned()])
+    );
+    // A later setter replaces a stream's fields, as Flux's map does.
+    let replaced = SHELL.replace("      - name: setNamedStream\n        args:\n          - lengths\n          - [word, length]",
+        "      - name: setNamedStream\n        args:\n          - lengths\n          - [word, length]\n      - name: setNamedStream\n        args:\n          - lengths\n          - [length]");
+    let t = load(&replaced).unwrap();
+    let lengths = t.component("split").unwrap().output("lengths").map(|f| f.names().to_vec());
+    assert_eq!(lengths, Some(vec!["length".to_owned()]));
+
+    let cases: [(&str, &str, &[&str]); 5] = [
+        // A grouping on a field the named stream does not declare.
+        ("      args: [length]\n      streamId", "      args: [size]\n      streamId", &["size"]),
+        (
+            "          - lengths\n",
+            "          - \"\"\n",
+            &["bolts[0] \"split\"", "configMethods[1]", "stream name"],
+        ),
+        (
+            "      - name: setDefaultStream",
+            "      - name: setOutputFields",
+            &["configMethods[0]", "unknown method \"setOutputFields\""],
+        ),
+        (
+            "        args: [split.lower, true]",
+            "        args: [split.lower]",
+            &["configMethods[2]", "takes args [key, value], got 1"],
+        ),
+        (
+            "          - [word]\n",
+            "          - word\n",
+            &["configMethods[0]", "output fields must be a list of strings"],
+        ),
+    ];
+    for (from, to, fragments) in cases {
+        assert!(SHELL.contains(from), "test bug: {from:?}");
+        let msg = match load(&SHELL.replacen(from, to, 1)) {
+            Ok(_) => panic!("{from:?} -> {to:?} was accepted"),
+            Err(e) => e.to_string(),
+        };
+        for f in fragments {
+            assert!(msg.contains(f), "{from:?} -> {to:?}: {msg:?} lacks {f:?}");
+        }
+    }
+    // Only shell components take configMethods.
+    let native = GOOD.replace("    className: split-sentence\n", "    className: split-sentence\n    configMethods:\n      - name: setNamedStream\n        args: [x, [y]]\n");
+    let msg = load(&native).map(|_| ()).unwrap_err().to_string();
+    assert!(msg.contains("configMethods are only for shell components"), "{msg}");
+}

@@ -31,6 +31,17 @@ fn require_python_packages() {
     }
 }
 
+/// The first error reports of `cluster`, waiting up to 30 s for one.
+fn first_errors(cluster: &LocalCluster) -> Vec<worker::ErrorReport> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut errors = Vec::new();
+    while errors.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        errors.extend(cluster.take_errors());
+    }
+    errors
+}
+
 type Counts = Arc<Mutex<BTreeMap<String, i64>>>;
 
 /// Keeps the highest count seen per word.
@@ -242,12 +253,7 @@ fn a_subprocess_writing_garbage_is_an_error_naming_it_and_the_line() {
                 streams:\n  - {from: sentences, to: junk, grouping: {type: SHUFFLE}}\n";
     let topology = Registry::with_builtins().load_str(yaml).unwrap();
     let cluster = LocalCluster::start(topology).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut errors = Vec::new();
-    while errors.is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-        errors.extend(cluster.take_errors());
-    }
+    let errors = first_errors(&cluster);
     cluster.shutdown(Duration::from_secs(1));
     let error = &errors.first().expect("an error report").error;
     assert!(error.contains("shell bolt \"junk\""), "{error}");
@@ -264,12 +270,7 @@ fn a_shell_component_that_cannot_start_is_an_error_naming_its_command() {
                 streams:\n  - {from: s, to: print, grouping: {type: SHUFFLE}}\n";
     let topology = Registry::with_builtins().with_resources_dir(std::env::temp_dir()).load_str(yaml).unwrap();
     let cluster = LocalCluster::start(topology).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut errors = Vec::new();
-    while errors.is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-        errors.extend(cluster.take_errors());
-    }
+    let errors = first_errors(&cluster);
     cluster.shutdown(Duration::from_secs(1));
     let error = &errors.first().expect("an error report").error;
     assert!(error.contains("shell spout \"s\""), "{error}");
@@ -287,6 +288,8 @@ fn flux_shell_components_are_checked_when_loaded() {
         Registry::with_builtins().load_str(&yaml).map(|_| ()).map_err(|e| e.to_string())
     };
     assert_eq!(load("  - {id: b, className: shell-bolt, constructorArgs: [[python3, b.py], [w]]}"), Ok(()));
+    // The command alone: the streams come from configMethods (or the bolt is a sink).
+    assert_eq!(load("  - {id: b, className: shell-bolt, constructorArgs: [[python3, b.py]]}"), Ok(()));
     assert_eq!(
         load("  - {id: b, className: shell-bolt, constructorArgs: [[python3, b.py], {k: 1}, [w]]}"),
         Ok(())
@@ -295,7 +298,7 @@ fn flux_shell_components_are_checked_when_loaded() {
         ("  - {id: b, className: shell-bolt}", "missing constructorArgs"),
         ("  - {id: b, className: shell-bolt, constructorArgs: [[], [w]]}", "the command is empty"),
         ("  - {id: b, className: shell-bolt, constructorArgs: [python3, [w]]}", "the command must be a list"),
-        ("  - {id: b, className: shell-bolt, constructorArgs: [[python3]]}", "1 constructorArgs"),
+        ("  - {id: b, className: shell-bolt, constructorArgs: [[p], [w], [x], [y]]}", "4 constructorArgs"),
         ("  - {id: b, className: shell-bolt, constructorArgs: [[p], [w]], params: {x: 1}}", "not params"),
         ("  - {id: b, className: log, constructorArgs: [[p], [w]]}", "only for shell components"),
     ] {
@@ -349,15 +352,110 @@ fn a_subprocess_that_exits_is_an_error_with_its_status_and_last_words() {
                 streams:\n  - {from: s, to: dies, grouping: {type: SHUFFLE}}\n";
     let topology = Registry::with_builtins().load_str(yaml).unwrap();
     let cluster = LocalCluster::start(topology).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut errors = Vec::new();
-    while errors.is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-        errors.extend(cluster.take_errors());
-    }
+    let errors = first_errors(&cluster);
     cluster.shutdown(Duration::from_secs(1));
     let error = &errors.first().expect("an error report").error;
     assert!(error.contains("shell bolt \"dies\""), "{error}");
     assert!(error.contains("exit status: 3"), "{error}");
     assert!(error.contains("boom at start"), "{error}");
+}
+
+const LENGTHS_BOLT: &str = r#"
+from pystorm import Bolt
+
+
+class Lengths(Bolt):
+    auto_anchor = True
+    auto_ack = True
+    auto_fail = True
+
+    def process(self, tup):
+        words = [w for w in tup.values[0].split(" ") if w]
+        for word in words:
+            self.emit([word])
+            self.emit([word, len(word)], stream="lengths")
+        self.report_metric("words", len(words))
+        self.send_message({"command": "metrics", "name": "sentences"})
+
+
+Lengths().run()
+"#;
+
+/// Sums the `length` field of what it sees.
+struct SumLengths(Arc<Mutex<(u64, i64)>>);
+
+impl Bolt for SumLengths {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        let mut seen = self.0.lock().unwrap();
+        seen.0 += 1;
+        seen.1 += input.get_int(1).ok_or("no length")?;
+        out.ack(input);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_pystorm_bolt_emits_on_a_stream_named_in_flux_and_counts_its_own_metrics() {
+    require_python_packages();
+    const N: u64 = 500;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("lengths.py"), LENGTHS_BOLT).unwrap();
+    let lengths = Arc::new(Mutex::new((0u64, 0i64)));
+    let mut registry = Registry::with_builtins().with_resources_dir(dir.path());
+    let sink = lengths.clone();
+    registry.register_bolt("sum-lengths", move |_| {
+        let sink = sink.clone();
+        Ok(Arc::new(move || Box::new(SumLengths(sink.clone())) as Box<dyn Bolt>))
+    });
+    let yaml = format!(
+        r#"
+name: lengths
+spouts:
+  - {{id: sentences, className: sentence-generator, params: {{count: {N}}}}}
+bolts:
+  - id: split
+    className: org.apache.storm.flux.wrappers.bolts.FluxShellBolt
+    constructorArgs:
+      - [python3, lengths.py]
+    configMethods:
+      - {{name: setDefaultStream, args: [[word]]}}
+      - {{name: setNamedStream, args: [lengths, [word, length]]}}
+  - {{id: count, className: word-count}}
+  - {{id: sum, className: sum-lengths}}
+streams:
+  - {{from: sentences, to: split, grouping: {{type: SHUFFLE}}}}
+  - {{from: split, to: count, grouping: {{type: FIELDS, args: [word]}}}}
+  - {{from: split, to: sum, grouping: {{type: GLOBAL, streamId: lengths}}}}
+"#
+    );
+    let cluster = LocalCluster::start(registry.load_str(&yaml).unwrap()).unwrap();
+    let acked = || {
+        let stats = cluster.runtime().component_stats("sentences");
+        stats.iter().map(|s| s.acked.load(std::sync::atomic::Ordering::Relaxed)).sum::<u64>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while acked() < N && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let done = acked();
+    let counts: Vec<Vec<(String, u64)>> =
+        cluster.runtime().component_stats("split").iter().map(|s| s.counts()).collect();
+    let errors = cluster.take_errors();
+    cluster.shutdown(Duration::from_secs(2));
+    assert_eq!(done, N, "every sentence acked; errors: {errors:?}");
+    assert!(errors.is_empty(), "{errors:?}");
+    // The reference corpus, measured here.
+    let (mut words, mut letters) = (0u64, 0i64);
+    for k in 0..N {
+        for w in reference_sentence(k % 1024).split(' ') {
+            words += 1;
+            letters += w.len() as i64;
+        }
+    }
+    assert_eq!(*lengths.lock().unwrap(), (words, letters), "(tuples, letters) on the lengths stream");
+    let mut total: BTreeMap<String, u64> = BTreeMap::new();
+    for (name, value) in counts.into_iter().flatten() {
+        *total.entry(name).or_default() += value;
+    }
+    assert_eq!(total, BTreeMap::from([("sentences".to_owned(), N), ("words".to_owned(), words)]));
 }

@@ -131,7 +131,11 @@ impl ShellBolt {
             ShellMsg::Log { msg, level } => log(&self.shell.label(), &msg, level),
             ShellMsg::Error { msg } => out.report_error(format!("{}: {}", self.shell.label(), text(&msg))),
             ShellMsg::Metrics { name, params } => {
-                tracing::debug!(component = %self.shell.label(), %name, %params, "shell metric")
+                if let Err(reason) =
+                    super::count_of(&params).and_then(|by| out.count(&name, by).map_err(|e| e.to_string()))
+                {
+                    out.report_error(format!("{}: metric {name:?}: {reason}", self.shell.label()));
+                }
             }
         }
     }

@@ -238,3 +238,32 @@ pub(crate) fn recv_or_wake<T>(
         Err(_) => Err(RecvTimeoutError::Timeout),
     }
 }
+
+/// What a `metrics` command adds to its count: Storm's `CountShellMetric` takes a whole number
+/// (`params`), or counts one when there is none.
+fn count_of(params: &serde_json::Value) -> Result<u64, String> {
+    match params {
+        serde_json::Value::Null => Ok(1),
+        serde_json::Value::Number(n) => {
+            n.as_u64().ok_or_else(|| format!("params {n} is not a whole number of at least 0"))
+        }
+        other => {
+            Err(format!("params must be a whole number (Storm's CountShellMetric) or absent, not {other}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count_of;
+    use serde_json::json;
+
+    #[test]
+    fn a_metrics_command_counts_a_whole_number_or_one() {
+        assert_eq!(count_of(&json!(null)), Ok(1));
+        assert_eq!(count_of(&json!(12)), Ok(12));
+        for bad in [json!(-1), json!(1.5), json!("3"), json!({"n": 1})] {
+            assert!(count_of(&bad).is_err(), "{bad}");
+        }
+    }
+}

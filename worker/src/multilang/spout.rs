@@ -28,6 +28,8 @@ pub struct ShellSpout {
     deferred: VecDeque<Emit>,
     /// Errors met without a collector, reported at the next `next_tuple`.
     unreported: Vec<String>,
+    /// `metrics` commands heard while no collector was at hand (in `ack`, `fail`, ...).
+    uncounted: Vec<(String, u64)>,
 }
 
 impl ShellSpout {
@@ -40,6 +42,7 @@ impl ShellSpout {
             generation: 0,
             deferred: VecDeque::new(),
             unreported: Vec::new(),
+            uncounted: Vec::new(),
         }
     }
 
@@ -106,9 +109,12 @@ impl ShellSpout {
                 ShellMsg::Error { msg } => {
                     self.unreported.push(format!("{}: {}", self.shell.label(), text(&msg)))
                 }
-                ShellMsg::Metrics { name, params } => {
-                    tracing::debug!(component = %self.shell.label(), %name, %params, "shell metric")
-                }
+                ShellMsg::Metrics { name, params } => match super::count_of(&params) {
+                    Ok(by) => self.uncounted.push((name, by)),
+                    Err(reason) => {
+                        self.unreported.push(format!("{}: metric {name:?}: {reason}", self.shell.label()))
+                    }
+                },
                 ShellMsg::Ack { .. } | ShellMsg::Fail { .. } => {
                     return self
                         .die(Failure::Protocol("a spout sent ack or fail, which only bolts do".into()));
@@ -203,6 +209,11 @@ impl Spout for ShellSpout {
             self.emit(e, out);
         }
         self.command("next", None, Some(out));
+        for (name, by) in self.uncounted.drain(..) {
+            if let Err(e) = out.count(&name, by) {
+                self.unreported.push(format!("{}: {e}", self.shell.label()));
+            }
+        }
         for e in self.unreported.drain(..) {
             out.report_error(e);
         }
