@@ -254,7 +254,7 @@ pub fn pretty_secs(secs: u64) -> String {
 
 /// A latency or capacity as Storm UI writes it: a decimal string with three places.
 pub fn storm_decimal(value: f64) -> String {
-    format!("{:.3}", if value.is_finite() { value } else { 0.0 })
+    format!("{:.3}", crate::znode::storm::finite_latency(value))
 }
 
 /// One window of a topology's or a spout's stats (`topologyStats`, `spoutSummary`).
@@ -903,11 +903,6 @@ pub struct ExecutorStatsReport {
     pub complete_latency_ms: f64,
 }
 
-/// A finite latency for JSON (serde_json writes a NaN as `null`, which no reader takes).
-fn finite(ms: f64) -> f64 {
-    if ms.is_finite() { ms } else { 0.0 }
-}
-
 impl From<&crate::znode::ExecutorStats> for ExecutorStatsReport {
     fn from(s: &crate::znode::ExecutorStats) -> Self {
         ExecutorStatsReport {
@@ -916,9 +911,9 @@ impl From<&crate::znode::ExecutorStats> for ExecutorStatsReport {
             transferred: s.transferred,
             acked: s.acked,
             failed: s.failed,
-            execute_latency_ms: finite(s.execute_latency_ms),
-            process_latency_ms: finite(s.process_latency_ms),
-            complete_latency_ms: finite(s.complete_latency_ms),
+            execute_latency_ms: crate::znode::storm::finite_latency(s.execute_latency_ms),
+            process_latency_ms: crate::znode::storm::finite_latency(s.process_latency_ms),
+            complete_latency_ms: crate::znode::storm::finite_latency(s.complete_latency_ms),
         }
     }
 }

@@ -402,8 +402,9 @@ pub struct ExecutorStats {
     pub complete_latency_ms: f64,
 }
 
-/// A finite latency for JSON; a non-finite average (no samples, or a bug) is written as 0.
-fn latency(ms: f64) -> f64 {
+/// A finite latency for JSON; a non-finite average (no samples, or a bug) is written as 0
+/// (serde_json writes a NaN as `null`, which no reader takes).
+pub(crate) fn finite_latency(ms: f64) -> f64 {
     if ms.is_finite() { ms } else { 0.0 }
 }
 
@@ -415,9 +416,9 @@ impl ExecutorStats {
             .field("transferred", self.transferred)
             .field("acked", self.acked)
             .field("failed", self.failed)
-            .field("execute_latency_ms", latency(self.execute_latency_ms))
-            .field("process_latency_ms", latency(self.process_latency_ms))
-            .field("complete_latency_ms", latency(self.complete_latency_ms))
+            .field("execute_latency_ms", finite_latency(self.execute_latency_ms))
+            .field("process_latency_ms", finite_latency(self.process_latency_ms))
+            .field("complete_latency_ms", finite_latency(self.complete_latency_ms))
             .finish()
     }
 }
