@@ -507,7 +507,7 @@ async fn run_session(
                     tracing::warn!(error = %e, "cannot write the local heartbeat");
                 }
             }
-            _ = zk_beat.tick() => {
+            ticked = zk_beat.tick() => {
                 metrics.update(&worker.runtime, &worker.transport);
                 let now = now_secs();
                 let beat = WorkerHeartbeat {
@@ -523,10 +523,13 @@ async fn run_session(
                 // supervisor start a fresh one. Checked every tick, written or not.
                 let lost = if session.state().is_terminal() {
                     Some(Error::Coord(CoordError::SessionExpired { path: Some(beat_znode.clone()) }))
-                } else if zk_throttle.due(&beat, tokio::time::Instant::now()) {
+                } else if zk_throttle.due(&beat, ticked) {
+                    // Judged by the ticks' own instants, evenly spaced: the time a write took
+                    // must not make the next one a tick late (with a 1 s interval, every other
+                    // tick was skipped and `squall local` showed no progress for 2 s).
                     match session.set_or_create(&beat_znode, &beat.encode()).await.map_err(Error::from) {
                         Ok(()) => {
-                            zk_throttle.written(beat, tokio::time::Instant::now());
+                            zk_throttle.written(beat, ticked);
                             None
                         }
                         Err(Error::Coord(e)) if e.is_session_lost() => Some(Error::Coord(e)),

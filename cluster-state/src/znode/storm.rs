@@ -500,7 +500,9 @@ impl WorkerbeatThrottle {
         WorkerbeatThrottle { every, last: None }
     }
 
-    /// Whether `beat` should be written at `now`.
+    /// Whether `beat` should be written at `now`: pass the instants of evenly spaced ticks
+    /// (not the time a write finished, or every other tick of a `every`-long interval is
+    /// skipped).
     pub fn due(&self, beat: &WorkerHeartbeat, now: tokio::time::Instant) -> bool {
         self.last
             .as_ref()
