@@ -12,7 +12,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use cluster_state::api::Route;
@@ -22,36 +22,17 @@ use cluster_state::ids::{GroupId, TopologyId};
 use cluster_state::paths::{KafkaPaths, StormPaths};
 use test_harness::{ZkServer, eventually};
 
-const SQUALL: &str = env!("CARGO_BIN_EXE_squall");
+/// The daemons' fixture, shared with the other multi-process tests.
+#[path = "support/cluster.rs"]
+mod support;
+use support::{Processes, SQUALL, free_port, spawn_logged};
+
 const PASSWORD: &str = "hunter2-sasl-pw";
 const ZK_PAYLOAD: &str = "squall:zk-pw-4321";
 const TOKEN: &str = "api-token-9876";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-struct Processes(Vec<Child>);
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 fn spawn(root: &Path, log: &str, args: &[String]) -> Child {
-    let file = std::fs::File::create(root.join(format!("{log}.log"))).unwrap();
-    Command::new(SQUALL)
-        .args(args)
-        .env("RUST_LOG", "debug,librdkafka=info,rdkafka=info,hyper=info")
-        .stdin(Stdio::null())
-        .stdout(file.try_clone().unwrap())
-        .stderr(file)
-        .spawn()
-        .unwrap()
+    spawn_logged(root, log, "debug,librdkafka=info,rdkafka=info,hyper=info", args)
 }
 
 /// Every file's text under `dir`, recursively (logs of nimbus, the supervisor and workers).

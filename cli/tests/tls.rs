@@ -14,7 +14,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use cluster_state::coord::{Ensemble, SessionOptions};
@@ -25,46 +25,15 @@ use nimbus_client::{ClientError, NimbusClient};
 use test_harness::tls::TestCa;
 use test_harness::{ZkServer, eventually};
 
-const SQUALL: &str = env!("CARGO_BIN_EXE_squall");
+/// The daemons' fixture, shared with the other multi-process tests.
+#[path = "support/cluster.rs"]
+mod support;
+use support::{Processes, SQUALL, daemon, free_port, spawn_logged};
+
 const WORDCOUNT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/wordcount.yaml");
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-struct Processes(Vec<Child>);
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 fn spawn(root: &Path, log: &str, args: &[String]) -> Child {
-    let file = std::fs::File::create(root.join(format!("{log}.log"))).unwrap();
-    Command::new(SQUALL)
-        .args(args)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(file.try_clone().unwrap())
-        .stderr(file)
-        .spawn()
-        .unwrap()
-}
-
-fn daemon(verb: &str, config: &Path, zookeeper: &str, dir: &Path) -> Vec<String> {
-    vec![
-        verb.into(),
-        "--config".into(),
-        config.display().to_string(),
-        "--zookeeper".into(),
-        zookeeper.into(),
-        "-c".into(),
-        format!("storm.local.dir={}", dir.display()),
-    ]
+    spawn_logged(root, log, "info", args)
 }
 
 /// `squall <args> --config <config>`: (success, stdout + stderr).

@@ -26,6 +26,45 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// Processes a test started, killed (and reaped) when it ends, however it ends.
+pub struct Processes(pub Vec<Child>);
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Starts `squall <args>` with its output in `<root>/<log>.log`, logging at `rust_log`.
+pub fn spawn_logged(root: &std::path::Path, log: &str, rust_log: &str, args: &[String]) -> Child {
+    let file = std::fs::File::create(root.join(format!("{log}.log"))).unwrap();
+    Command::new(SQUALL)
+        .args(args)
+        .env("RUST_LOG", rust_log)
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .spawn()
+        .unwrap()
+}
+
+/// A daemon's arguments: `<verb> --config <config> --zookeeper <zookeeper>` with its own
+/// `storm.local.dir`.
+pub fn daemon(verb: &str, config: &std::path::Path, zookeeper: &str, dir: &std::path::Path) -> Vec<String> {
+    vec![
+        verb.into(),
+        "--config".into(),
+        config.display().to_string(),
+        "--zookeeper".into(),
+        zookeeper.into(),
+        "-c".into(),
+        format!("storm.local.dir={}", dir.display()),
+    ]
+}
+
 pub fn pids_mentioning(marker: &str) -> Vec<i32> {
     let mut pids = Vec::new();
     let me = std::process::id() as i32;
