@@ -491,20 +491,18 @@ impl Coordinator {
 
     /// `offsets` reached the group's primary store: the trackers and gauges of the partitions
     /// still ours say so.
+    ///
+    /// The gauges are set under the state lock: a partition handed off meanwhile is removed
+    /// from the state before its gauges are forgotten, so a late commit cannot bring back a
+    /// series its new owner now reports (lock order: state, then the lag windows).
     fn committed(&self, offsets: &BTreeMap<TopicPartition, i64>) {
-        let mut ours = Vec::with_capacity(offsets.len());
-        {
-            let mut state = lock(&self.state);
-            for (tp, offset) in offsets {
-                if let Some(part) = state.get_mut(tp) {
-                    part.offsets.committed_at(*offset);
-                    ours.push((tp, *offset));
-                }
+        let mut state = lock(&self.state);
+        for (tp, offset) in offsets {
+            if let Some(part) = state.get_mut(tp) {
+                part.offsets.committed_at(*offset);
+                self.metric_labels(tp, |l| self.metrics.committed_offset.with_label_values(l).set(*offset));
+                self.track_lag(tp, Some(*offset), None);
             }
-        }
-        for (tp, offset) in ours {
-            self.metric_labels(tp, |l| self.metrics.committed_offset.with_label_values(l).set(offset));
-            self.track_lag(tp, Some(offset), None);
         }
     }
 
@@ -666,12 +664,13 @@ impl Coordinator {
 
     /// Log-end offsets and lag (one watermark request per owned partition).
     async fn update_lag(&self) {
-        let owned: Vec<(TopicPartition, i64)> = {
-            let state = lock(&self.state);
-            state.parts.values().map(|p| (p.tp.clone(), p.offsets.committed())).collect()
-        };
-        for (tp, committed) in owned {
+        let owned: Vec<TopicPartition> = lock(&self.state).parts.values().map(|p| p.tp.clone()).collect();
+        for tp in owned {
             if let Ok((_, high)) = self.watermarks(&tp).await {
+                // Still ours? The watermark request may outlast a hand-off, whose gauges are
+                // gone and must stay gone (see `committed` for the lock order).
+                let state = lock(&self.state);
+                let Some(committed) = state.get(&tp).map(|p| p.offsets.committed()) else { continue };
                 self.metric_labels(&tp, |l| {
                     self.metrics.log_end_offset.with_label_values(l).set(high);
                     self.metrics.lag.with_label_values(l).set((high - committed).max(0));
