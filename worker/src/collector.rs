@@ -15,9 +15,10 @@ use crossbeam_channel::Sender;
 /// Where components' errors go (drained by the worker's error reporter).
 pub(crate) type ErrorSender = tokio::sync::mpsc::Sender<ErrorReport>;
 
-use crate::acker::{AckMsg, RotatingMap};
+use crate::acker::AckMsg;
 use crate::error::Error;
 use crate::grouping::{Chooser, SplitMix64};
+use crate::pending::{PendingTrees, PendingTuple};
 use crate::stats::ExecStats;
 use crate::tuple::{Anchor, Anchors, StreamMeta, Tuple, Values};
 
@@ -335,18 +336,10 @@ fn now_nanos() -> u64 {
     cluster_state::clock::since_epoch().as_nanos() as u64
 }
 
-/// A spout tuple waiting for its tree to complete.
-#[derive(Debug)]
-pub(crate) struct PendingTuple {
-    pub(crate) msg_id: u64,
-    pub(crate) task_index: usize,
-    pub(crate) emitted_at: Instant,
-}
-
 /// The spout executor's pending tuples.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct SpoutPending {
-    pub(crate) map: RotatingMap<PendingTuple>,
+    pub(crate) trees: PendingTrees,
     pub(crate) per_task: Vec<u32>,
     /// Message ids acked at once because acking is off or nobody subscribes.
     pub(crate) acked_now: Vec<(usize, u64)>,
@@ -418,31 +411,36 @@ impl SpoutCollector<'_> {
             }
             return Ok(n);
         }
-        let root = self.em.rng.next_id();
+        // The tree's root names its pending slot (`crate::pending`): taken before the emit,
+        // given back if nobody subscribes.
+        let id = msg_id.unwrap_or_default();
+        let emitted_at = *self.now.get_or_insert_with(Instant::now);
+        let tracked = PendingTuple { msg_id: id, task_index: self.task_index, emitted_at };
+        let root = self.pending.trees.insert(&mut self.em.rng, tracked);
         let mut val = 0u64;
-        let n = self.em.emit_with(stream, direct, values, |rng| {
+        let emitted = self.em.emit_with(stream, direct, values, |rng| {
             let edge = rng.next_id();
             val ^= edge;
             Anchors::One(Anchor { root, edge })
-        })?;
-        if let Some(id) = msg_id {
-            if n == 0 {
-                self.pending.acked_now.push((self.task_index, id));
-            } else if let Some(acker) = self.em.acker_of(root) {
+        });
+        let acker = self.em.acker_of(root);
+        match (emitted, acker) {
+            (Ok(n), Some(acker)) if n > 0 => {
                 let spout_task = self.em.task;
                 self.em.send(Envelope::Ack { task: acker, msg: AckMsg::Init { root, val, spout_task } });
-                self.pending.map.insert(
-                    root,
-                    PendingTuple {
-                        msg_id: id,
-                        task_index: self.task_index,
-                        emitted_at: *self.now.get_or_insert_with(Instant::now),
-                    },
-                );
                 self.pending.per_task[self.task_index] += 1;
+                Ok(n)
+            }
+            (Ok(n), _) => {
+                self.pending.trees.remove(root);
+                self.pending.acked_now.push((self.task_index, id));
+                Ok(n)
+            }
+            (Err(e), _) => {
+                self.pending.trees.remove(root);
+                Err(e)
             }
         }
-        Ok(n)
     }
 }
 
