@@ -291,6 +291,7 @@ fn run_spout(
             was_active = active;
         }
         let mut emitted = false;
+        pending.new_pass();
         if active {
             'rounds: for _ in 0..batch {
                 let mut any = false;
@@ -304,7 +305,6 @@ fn run_spout(
                         pending: &mut pending,
                         task_index: i,
                         emitted_any: false,
-                        now: None,
                     };
                     if let Err(e) = spout.next_tuple(&mut out) {
                         out.report_error(e);
@@ -411,6 +411,8 @@ fn on_done(
     (acked, failed): (&mut u64, &mut u64),
     moved: &mut bool,
 ) {
+    // One clock read for the batch: its verdicts arrived together.
+    let mut now: Option<Instant> = None;
     for env in b {
         if let Envelope::Ack { msg: AckMsg::TasksMoved, .. } = env {
             *moved = true;
@@ -422,7 +424,8 @@ fn on_done(
             pending.per_task[p.task_index] = pending.per_task[p.task_index].saturating_sub(1);
             if ok {
                 *acked += 1;
-                let ns = p.emitted_at.elapsed().as_nanos() as u64;
+                let now = *now.get_or_insert_with(Instant::now);
+                let ns = now.saturating_duration_since(p.emitted_at).as_nanos() as u64;
                 lat.sum_ns += ns;
                 lat.n += 1;
                 if let Some(h) = hist.as_mut() {
