@@ -564,3 +564,34 @@ impl BoltCollector<'_> {
         self.em.task
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits (bounded) until the clock has moved past `t`.
+    fn clock_passes(t: Instant) {
+        let deadline = t + std::time::Duration::from_secs(5);
+        while Instant::now() <= t && Instant::now() < deadline {
+            std::hint::spin_loop();
+        }
+    }
+
+    /// An emit time is shared by at most `EMITS_PER_CLOCK_READ` emits and never outlives a
+    /// pass of the executor loop (a spout that waited must not date its tuples before the wait).
+    #[test]
+    fn an_emit_time_serves_64_emits_within_one_pass() {
+        let mut pending = SpoutPending::default();
+        let first = pending.emit_time();
+        for _ in 1..EMITS_PER_CLOCK_READ {
+            assert_eq!(pending.emit_time(), first);
+        }
+        clock_passes(first);
+        let second = pending.emit_time();
+        assert!(second > first, "the 65th emit reads the clock");
+        assert_eq!(pending.emit_time(), second);
+        clock_passes(second);
+        pending.new_pass();
+        assert!(pending.emit_time() > second, "a new pass reads the clock");
+    }
+}
