@@ -9,6 +9,7 @@
 //! rotated out after `topology.message.timeout.secs` (the spout times them out itself).
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry as Slot;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use cluster_state::ids::TaskId;
@@ -39,13 +40,16 @@ pub struct Outcome {
     pub ok: bool,
 }
 
-/// A hasher for keys that are already uniformly random (tree ids): the identity.
+/// A hasher for tree ids: one multiplication. Their low 40 bits are random, their top bits a
+/// spout's pending slot (`crate::pending`); the hash table takes its index from the low bits of
+/// the hash and a tag from the top 7, and without the multiplication that tag would be the same
+/// for nearly every tree (every probe comparing whole keys).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
-        self.0
+        self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)
     }
     fn write(&mut self, bytes: &[u8]) {
         for b in bytes {
@@ -60,81 +64,26 @@ impl Hasher for IdHasher {
 /// A map of random ids using [`IdHasher`].
 pub type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
-/// Storm's `RotatingMap`: entries expire after between `buckets - 1` and `buckets` rotations.
-#[derive(Debug)]
-pub struct RotatingMap<V> {
-    buckets: Vec<IdMap<V>>,
-}
-
-impl<V> RotatingMap<V> {
-    /// A map with `buckets` buckets (at least 2).
-    pub fn new(buckets: usize) -> Self {
-        RotatingMap { buckets: (0..buckets.max(2)).map(|_| IdMap::default()).collect() }
-    }
-
-    /// Inserts into the newest bucket.
-    pub fn insert(&mut self, key: u64, value: V) {
-        for b in self.buckets.iter_mut().skip(1) {
-            b.remove(&key);
-        }
-        self.buckets[0].insert(key, value);
-    }
-
-    /// The entry for `key`, wherever it is.
-    pub fn get_mut(&mut self, key: u64) -> Option<&mut V> {
-        self.buckets.iter_mut().find_map(|b| b.get_mut(&key))
-    }
-
-    /// Removes and returns the entry for `key`.
-    pub fn remove(&mut self, key: u64) -> Option<V> {
-        self.buckets.iter_mut().find_map(|b| b.remove(&key))
-    }
-
-    /// Removes and returns every entry for which `doomed` holds.
-    pub fn remove_where(&mut self, mut doomed: impl FnMut(u64, &V) -> bool) -> Vec<(u64, V)> {
-        let mut removed = Vec::new();
-        for bucket in &mut self.buckets {
-            let keys: Vec<u64> = bucket.iter().filter(|(k, v)| doomed(**k, v)).map(|(k, _)| *k).collect();
-            removed.extend(keys.into_iter().filter_map(|k| bucket.remove(&k).map(|v| (k, v))));
-        }
-        removed
-    }
-
-    /// Drops the oldest bucket and returns its entries.
-    pub fn rotate(&mut self) -> Vec<(u64, V)> {
-        let oldest = self.buckets.pop().unwrap_or_default();
-        self.buckets.insert(0, IdMap::default());
-        oldest.into_iter().collect()
-    }
-
-    /// Entries in all buckets.
-    pub fn len(&self) -> usize {
-        self.buckets.iter().map(HashMap::len).sum()
-    }
-
-    /// Whether no entry is held.
-    pub fn is_empty(&self) -> bool {
-        self.buckets.iter().all(HashMap::is_empty)
-    }
-}
+/// Rotations a tree survives in the ledger: it is forgotten on the third (Storm's
+/// `RotatingMap` of three buckets; the spout times the tree out on its own third rotation).
+const ROTATIONS: u32 = 3;
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     val: u64,
     spout_task: Option<TaskId>,
     failed: bool,
+    /// The rotation count when the tree's first message arrived.
+    epoch: u32,
 }
 
-/// One acker task's trees.
-#[derive(Debug)]
+/// One acker task's trees: one map, each entry stamped with the rotation it arrived in (one
+/// hash probe per message; three rotating maps cost up to six, and made the acker the
+/// bottleneck of a topology with acking on).
+#[derive(Debug, Default)]
 pub struct AckLedger {
-    pending: RotatingMap<Entry>,
-}
-
-impl Default for AckLedger {
-    fn default() -> Self {
-        AckLedger { pending: RotatingMap::new(3) }
-    }
+    pending: IdMap<Entry>,
+    epoch: u32,
 }
 
 impl AckLedger {
@@ -145,39 +94,34 @@ impl AckLedger {
             AckMsg::Init { root, .. } | AckMsg::Ack { root, .. } | AckMsg::Fail { root } => root,
             AckMsg::Done { .. } | AckMsg::TasksMoved => return None,
         };
-        let entry = match self.pending.get_mut(root) {
-            Some(e) => e,
-            None => {
-                self.pending.insert(root, Entry { val: 0, spout_task: None, failed: false });
-                self.pending.get_mut(root)?
+        let verdict = match self.pending.entry(root) {
+            Slot::Occupied(mut o) => {
+                let verdict = o.get_mut().apply(msg);
+                if verdict.is_some() {
+                    o.remove();
+                }
+                verdict
+            }
+            Slot::Vacant(v) => {
+                // The tree's first message: recorded unless it decides the tree by itself.
+                let mut fresh = Entry { val: 0, spout_task: None, failed: false, epoch: self.epoch };
+                let verdict = fresh.apply(msg);
+                if verdict.is_none() {
+                    v.insert(fresh);
+                }
+                verdict
             }
         };
-        match msg {
-            AckMsg::Init { val, spout_task, .. } => {
-                entry.val ^= val;
-                entry.spout_task = Some(spout_task);
-            }
-            AckMsg::Ack { val, .. } => entry.val ^= val,
-            AckMsg::Fail { .. } => entry.failed = true,
-            AckMsg::Done { .. } | AckMsg::TasksMoved => {}
-        }
-        let spout_task = entry.spout_task?;
-        let verdict = if entry.failed {
-            Some(false)
-        } else if entry.val == 0 {
-            Some(true)
-        } else {
-            None
-        };
-        verdict.map(|ok| {
-            self.pending.remove(root);
-            Outcome { root, spout_task, ok }
-        })
+        verdict.map(|(spout_task, ok)| Outcome { root, spout_task, ok })
     }
 
-    /// Forgets trees older than two rotations (the spout has timed them out by then).
+    /// Forgets trees that arrived three rotations ago or earlier (the spout has timed them out
+    /// by then); returns how many.
     pub fn rotate(&mut self) -> usize {
-        self.pending.rotate().len()
+        self.epoch = self.epoch.wrapping_add(1);
+        let (now, before) = (self.epoch, self.pending.len());
+        self.pending.retain(|_, e| now.wrapping_sub(e.epoch) < ROTATIONS);
+        before - self.pending.len()
     }
 
     /// Trees in flight.
@@ -188,6 +132,30 @@ impl AckLedger {
     /// Whether no tree is in flight.
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty()
+    }
+}
+
+impl Entry {
+    /// Applies `msg` (an `Init`, `Ack` or `Fail` of this tree); the verdict, for the spout task,
+    /// once the spout task is known and the tree failed or its value returned to zero.
+    fn apply(&mut self, msg: AckMsg) -> Option<(TaskId, bool)> {
+        match msg {
+            AckMsg::Init { val, spout_task, .. } => {
+                self.val ^= val;
+                self.spout_task = Some(spout_task);
+            }
+            AckMsg::Ack { val, .. } => self.val ^= val,
+            AckMsg::Fail { .. } => self.failed = true,
+            AckMsg::Done { .. } | AckMsg::TasksMoved => {}
+        }
+        let spout_task = self.spout_task?;
+        if self.failed {
+            Some((spout_task, false))
+        } else if self.val == 0 {
+            Some((spout_task, true))
+        } else {
+            None
+        }
     }
 }
 
@@ -260,6 +228,27 @@ mod tests {
         assert_eq!(ledger.rotate(), 0);
         assert_eq!(ledger.rotate(), 1);
         assert!(ledger.is_empty());
+    }
+
+    /// A tree is kept from its first message, whichever that is, for two rotations: an ack
+    /// after one or two rotations still completes it; after the third it starts a new entry.
+    #[test]
+    fn a_tree_lives_two_rotations_from_its_first_message() {
+        let mut ledger = AckLedger::default();
+        ledger.apply(AckMsg::Ack { root: 8, val: 3 });
+        assert_eq!(ledger.rotate(), 0);
+        ledger.apply(AckMsg::Init { root: 8, val: 1, spout_task: SPOUT });
+        assert_eq!(ledger.rotate(), 0);
+        assert_eq!(
+            ledger.apply(AckMsg::Ack { root: 8, val: 2 }),
+            Some(Outcome { root: 8, spout_task: SPOUT, ok: true })
+        );
+        assert!(ledger.is_empty());
+        ledger.apply(AckMsg::Init { root: 9, val: 1, spout_task: SPOUT });
+        assert_eq!((ledger.rotate(), ledger.rotate(), ledger.rotate()), (0, 0, 1));
+        // The late ack of a forgotten tree is held, not mistaken for a verdict.
+        assert_eq!(ledger.apply(AckMsg::Ack { root: 9, val: 1 }), None);
+        assert_eq!(ledger.len(), 1);
     }
 
     proptest! {

@@ -17,15 +17,16 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use hdrhistogram::Histogram;
 use tokio_util::sync::CancellationToken;
 
-use crate::acker::{AckLedger, AckMsg, RotatingMap};
+use crate::acker::{AckLedger, AckMsg};
 use crate::collector::{
-    Batch, BoltCollector, Emitter, Envelope, ErrorSender, OutStream, PendingTuple, Sent, SharedRoutes,
-    SpoutCollector, SpoutPending, Subscriber,
+    Batch, BoltCollector, Emitter, Envelope, ErrorSender, OutStream, Sent, SharedRoutes, SpoutCollector,
+    SpoutPending, Subscriber,
 };
 use crate::component::{Bolt, Spout, TopologyContext};
 use crate::error::{Error, Result};
 use crate::grouping::Chooser;
 use crate::layout::TaskLayout;
+use crate::pending::PendingTuple;
 use crate::stats::{ExecStats, SAMPLE_EVERY};
 use crate::topology::{ACKER_COMPONENT, ComponentKind, Topology};
 use crate::tuple::{Anchors, Fields, SYSTEM_COMPONENT, StreamMeta, TICK_STREAM, Tuple, Value};
@@ -227,8 +228,7 @@ fn run_spout(
         }
     }
     let config = shared.topology.config().clone();
-    let mut pending =
-        SpoutPending { map: RotatingMap::new(3), per_task: vec![0; spouts.len()], acked_now: Vec::new() };
+    let mut pending = SpoutPending { per_task: vec![0; spouts.len()], ..SpoutPending::default() };
     let rotate_every = Duration::from_millis(config.message_timeout_secs.saturating_mul(1000) / 2)
         .max(Duration::from_millis(1));
     let mut next_rotate = Instant::now() + rotate_every;
@@ -267,7 +267,7 @@ fn run_spout(
             // Trees older than the grace are lost, if they were emitted before the other
             // workers can have applied the same assignment (`until`).
             let cutoff = now.checked_sub(MOVED_TASKS_GRACE).map_or(s.until, |c| c.min(s.until));
-            let lost = pending.map.remove_where(|_, p| p.emitted_at <= cutoff);
+            let lost = pending.trees.remove_where(|_, p| p.emitted_at <= cutoff);
             if !lost.is_empty() {
                 tracing::info!(component = %em.component, trees = lost.len(), "failing tuples whose trees went through a worker that is gone; they replay now");
             }
@@ -280,7 +280,7 @@ fn run_spout(
         }
         if config.enable_message_timeouts && Instant::now() >= next_rotate {
             next_rotate = Instant::now() + rotate_every;
-            let timed_out = pending.map.rotate();
+            let timed_out = pending.trees.rotate();
             fail_all(&mut spouts, &mut pending.per_task, timed_out, &mut failed);
         }
         let active = shared.active.load(Ordering::Relaxed);
@@ -291,6 +291,7 @@ fn run_spout(
             was_active = active;
         }
         let mut emitted = false;
+        pending.new_pass();
         if active {
             'rounds: for _ in 0..batch {
                 let mut any = false;
@@ -304,7 +305,6 @@ fn run_spout(
                         pending: &mut pending,
                         task_index: i,
                         emitted_any: false,
-                        now: None,
                     };
                     if let Err(e) = spout.next_tuple(&mut out) {
                         out.report_error(e);
@@ -328,7 +328,7 @@ fn run_spout(
             acked = 0;
             failed = 0;
         }
-        stats.pending.store(pending.map.len() as u64, Ordering::Relaxed);
+        stats.pending.store(pending.trees.len() as u64, Ordering::Relaxed);
         // Merging histograms walks every bucket: publish at most every HIST_PUBLISH.
         if let Some(h) = hist.as_mut()
             && lat.n > 0
@@ -411,18 +411,21 @@ fn on_done(
     (acked, failed): (&mut u64, &mut u64),
     moved: &mut bool,
 ) {
+    // One clock read for the batch: its verdicts arrived together.
+    let mut now: Option<Instant> = None;
     for env in b {
         if let Envelope::Ack { msg: AckMsg::TasksMoved, .. } = env {
             *moved = true;
             continue;
         }
         if let Envelope::Ack { msg: AckMsg::Done { root, ok }, .. } = env
-            && let Some(p) = pending.map.remove(root)
+            && let Some(p) = pending.trees.remove(root)
         {
             pending.per_task[p.task_index] = pending.per_task[p.task_index].saturating_sub(1);
             if ok {
                 *acked += 1;
-                let ns = p.emitted_at.elapsed().as_nanos() as u64;
+                let now = *now.get_or_insert_with(Instant::now);
+                let ns = now.saturating_duration_since(p.emitted_at).as_nanos() as u64;
                 lat.sum_ns += ns;
                 lat.n += 1;
                 if let Some(h) = hist.as_mut() {

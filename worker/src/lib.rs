@@ -14,7 +14,8 @@
 //!   defaults. [`flux`]: YAML loader and [`Registry`]. [`builtin`]: built-in components.
 //! - Pure decisions: [`layout`] (task ids, executors, which worker runs what), [`grouping`]
 //!   (target choice), [`acker`] (the XOR ledger).
-//! - `executor`: one thread per executor with bounded queues. [`runtime`]: a worker's
+//! - `executor`: one thread per executor with bounded queues; `pending`: a spout executor's
+//!   pending trees (a slab named by the root ids). [`runtime`]: a worker's
 //!   executors and [`LocalCluster`]. [`stats`]: executor statistics.
 //! - [`transport`]: length-delimited batched frames over TCP, one connection per peer.
 //! - [`process`]: the worker process ([`process::run`]) and [`process::StaticWorker`] (the same
@@ -63,6 +64,7 @@ pub mod grouping;
 pub mod layout;
 pub mod metrics;
 pub mod multilang;
+mod pending;
 pub mod process;
 pub mod runtime;
 mod static_worker;
