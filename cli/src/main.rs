@@ -12,6 +12,7 @@ mod config;
 mod daemons;
 mod local;
 mod logging;
+mod logs;
 mod offsets;
 mod ops;
 mod replay;
@@ -62,6 +63,9 @@ enum Command {
     Rebalance(ops::RebalanceCommand),
     /// Show the errors a topology's components reported, newest first.
     Errors(ops::NameCommand),
+    /// Print the last lines of a topology's worker logs (of one component's workers with
+    /// --component), read from the supervisors' log viewers; --follow keeps printing.
+    Logs(logs::LogsCommand),
     /// Replay a running topology's Kafka input from an earlier position: deactivate, wait for
     /// the group to empty, reset its offsets, activate.
     Replay(Box<replay::ReplayCommand>),
@@ -108,6 +112,7 @@ fn main() -> ExitCode {
         Some(Command::Deactivate(cmd)) => report("deactivate", ops::set_active(cmd, false)),
         Some(Command::Rebalance(cmd)) => report("rebalance", ops::rebalance(cmd)),
         Some(Command::Errors(cmd)) => report("errors", ops::errors(cmd)),
+        Some(Command::Logs(cmd)) => report("logs", logs::logs(cmd)),
         Some(Command::Replay(cmd)) => report("replay", replay::replay(*cmd)),
         Some(Command::Offsets(cmd)) => report("offsets", offsets::execute(cmd)),
         None => ExitCode::SUCCESS,

@@ -408,6 +408,9 @@ fn topology_page() -> TopologyDetail {
             component_num_tasks: [(comp("split"), 2)].into_iter().collect(),
             uptime: "2m 47s".into(),
             uptime_seconds: 167,
+            worker_log_link: "http://h:9100/the-log-viewer-link".into(),
+            log_viewer: Some("h:9100".into()),
+            log_viewer_scheme: cluster_state::znode::MetricsScheme::Http,
         }],
         configuration: [("topology.message.timeout.secs".to_owned(), serde_json::Value::from(30))]
             .into_iter()
@@ -415,7 +418,7 @@ fn topology_page() -> TopologyDetail {
     }
 }
 
-const TOPOLOGY_PAGE_TAIL: &str = r#""msgTimeout":30,"window":":all-time","windowHint":"All time","topologyStats":[{"windowPretty":"10m 0s","window":"600","emitted":100,"transferred":90,"completeLatency":"8.000","acked":80,"failed":1},{"windowPretty":"All time","window":":all-time","emitted":100,"transferred":90,"completeLatency":"8.000","acked":80,"failed":1}],"spouts":[{"spoutId":"sentences","executors":1,"tasks":1,"emitted":100,"transferred":90,"acked":80,"failed":1,"completeLatency":"8.000","lastError":"","errorHost":"","errorPort":null,"errorTime":null,"errorLapsedSecs":null}],"bolts":[{"boltId":"split","executors":2,"tasks":4,"emitted":700,"transferred":700,"acked":99,"failed":0,"executed":99,"executeLatency":"0.048","processLatency":"0.048","capacity":"0.003","lastError":"boom","errorHost":"h","errorPort":6701,"errorTime":1700000000,"errorLapsedSecs":65}],"workers":[{"supervisorId":"sup-1","host":"h","port":6700,"topologyId":"wc-1-1700000000","topologyName":"wc","executorsTotal":3,"componentNumTasks":{"split":2},"uptime":"2m 47s","uptimeSeconds":167}],"configuration":{"topology.message.timeout.secs":30}}"#;
+const TOPOLOGY_PAGE_TAIL: &str = r#""msgTimeout":30,"window":":all-time","windowHint":"All time","topologyStats":[{"windowPretty":"10m 0s","window":"600","emitted":100,"transferred":90,"completeLatency":"8.000","acked":80,"failed":1},{"windowPretty":"All time","window":":all-time","emitted":100,"transferred":90,"completeLatency":"8.000","acked":80,"failed":1}],"spouts":[{"spoutId":"sentences","executors":1,"tasks":1,"emitted":100,"transferred":90,"acked":80,"failed":1,"completeLatency":"8.000","lastError":"","errorHost":"","errorPort":null,"errorTime":null,"errorLapsedSecs":null}],"bolts":[{"boltId":"split","executors":2,"tasks":4,"emitted":700,"transferred":700,"acked":99,"failed":0,"executed":99,"executeLatency":"0.048","processLatency":"0.048","capacity":"0.003","lastError":"boom","errorHost":"h","errorPort":6701,"errorTime":1700000000,"errorLapsedSecs":65}],"workers":[{"supervisorId":"sup-1","host":"h","port":6700,"topologyId":"wc-1-1700000000","topologyName":"wc","executorsTotal":3,"componentNumTasks":{"split":2},"uptime":"2m 47s","uptimeSeconds":167,"workerLogLink":"http://h:9100/the-log-viewer-link","logViewer":"h:9100"}],"configuration":{"topology.message.timeout.secs":30}}"#;
 
 /// Every key of every object in `value`, at any depth.
 fn keys(value: &serde_json::Value, out: &mut std::collections::BTreeSet<String>) {

@@ -32,7 +32,7 @@ use cluster_state::api::{
 };
 use cluster_state::code::CodeFile;
 use cluster_state::coord;
-use cluster_state::http::{Peer, ServeOptions};
+use cluster_state::http::{Bearer, Peer, ServeOptions};
 use cluster_state::ids::TopologyId;
 use cluster_state::ids::{ComponentId, GroupId};
 use cluster_state::layout::TaskLayout;
@@ -813,31 +813,18 @@ async fn finish_upload(
 
 fn authorize(state: &ApiState, request: &Request<Incoming>) -> Result<(), ApiError> {
     let Some(token) = &state.config.token else { return Ok(()) };
-    // RFC 7235: the scheme is case-insensitive, and one or more spaces separate it.
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim_start_matches(' '));
-    match given {
-        Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => Ok(()),
-        Some(_) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "the bearer token is wrong")),
-        None if request.method() == Method::POST => Err(ApiError::new(
+    match cluster_state::http::check_bearer(request.headers(), token) {
+        Bearer::Valid => Ok(()),
+        Bearer::Wrong => Err(ApiError::new(StatusCode::UNAUTHORIZED, "the bearer token is wrong")),
+        Bearer::Missing if request.method() == Method::POST => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "this call changes the cluster and needs \"Authorization: Bearer <token>\"",
         )),
-        None => Err(ApiError::new(
+        Bearer::Missing => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "topology code is served only with \"Authorization: Bearer <token>\"",
         )),
     }
-}
-
-/// Compares without an early exit, so timing does not reveal how much of a guess was right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Reads a body of at most `limit` bytes; a declared or actual larger one is a 413.
@@ -870,9 +857,17 @@ mod tests {
 
     #[test]
     fn tokens_compare_in_full() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
+        let check = |value: &str| {
+            let mut headers = hyper::HeaderMap::new();
+            headers.insert(header::AUTHORIZATION, value.parse().unwrap());
+            cluster_state::http::check_bearer(&headers, "secret")
+        };
+        assert_eq!(check("Bearer secret"), Bearer::Valid);
+        assert_eq!(check("bearer   secret"), Bearer::Valid);
+        assert_eq!(check("Bearer secreT"), Bearer::Wrong);
+        assert_eq!(check("Bearer secret2"), Bearer::Wrong);
+        assert_eq!(check("Basic secret"), Bearer::Missing);
+        assert_eq!(cluster_state::http::check_bearer(&hyper::HeaderMap::new(), "secret"), Bearer::Missing);
     }
 
     #[test]

@@ -400,9 +400,15 @@ pub async fn run(
     let metrics_scheme = MetricsScheme::from_tls(metrics_tls.is_some());
     // Every task of the supervisor, awaited before `run` returns.
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(cluster_state::metrics::serve_tls(
+    // The same port serves the log viewer (its routes need the cluster's token, when set).
+    let viewer = cluster_state::logviewer::LogViewer {
+        local_dir: config.local_dir.clone(),
+        token: config.nimbus_token.clone(),
+    };
+    tasks.spawn(cluster_state::logviewer::serve(
         listener,
         registry.clone(),
+        viewer,
         metrics_tls,
         shutdown.child_token(),
     ));

@@ -16,6 +16,8 @@
 //! - [`launch`]: the [`launch::Launcher`] trait and the process launcher (no shell, own
 //!   process group and log file, TERM then KILL, adoption by pid after a restart).
 //! - [`metrics`]: `squall_supervisor_*` (workers running, launches, kills, slots).
+//! - The supervisor's HTTP port (`/metrics` and the workers' log viewer) is
+//!   `cluster_state::logviewer`.
 //! - [`local_state`]: the durable local state file (atomic replace, checksummed, corruption
 //!   reported, never a crash).
 //! - [`process_task`]: the process task: heartbeats -> plan -> launcher actions, recorded in the

@@ -352,6 +352,17 @@ pub struct WorkerSummary {
     /// Empty and 0 until the worker has reported.
     pub uptime: String,
     pub uptime_seconds: u64,
+    /// Storm UI's link to the worker's log: its supervisor's log viewer, the last lines of
+    /// `worker.log`; empty when the supervisor publishes no HTTP endpoint.
+    #[serde(default)]
+    pub worker_log_link: String,
+    /// `host:port` of the supervisor's log viewer (its HTTP port, beside `/metrics`), which
+    /// `squall logs` calls with [`crate::api::LogRoute`]s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_viewer: Option<String>,
+    /// How `logViewer` is served (`"logViewerScheme":"https"`; absent: HTTP).
+    #[serde(default, skip_serializing_if = "crate::znode::MetricsScheme::is_http")]
+    pub log_viewer_scheme: crate::znode::MetricsScheme,
 }
 
 /// `GET /api/v1/topology/:id/component/:component[?window=600]`: Storm UI's component page.
@@ -966,4 +977,49 @@ impl SupervisorHeartbeat {
 #[serde(rename_all = "camelCase")]
 pub struct HeartbeatAccepted {
     pub workers: usize,
+}
+
+/// `GET /api/v1/logs/:topology-id/:port` on a supervisor: the worker's log files present, live
+/// ones first, then rotated ones newest first.
+///
+/// ```json
+/// {"topologyId":"wc-1-1700000000","port":6700,
+///  "files":[{"file":"worker.log","size":1200},{"file":"worker.log.1","size":104857500}]}
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerLogFiles {
+    pub topology_id: TopologyId,
+    pub port: u16,
+    pub files: Vec<WorkerLogFile>,
+}
+
+/// One file of [`WorkerLogFiles`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerLogFile {
+    pub file: crate::worker_logs::LogFile,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// `GET /api/v1/logs/:topology-id/:port/:file[?...]` on a supervisor: part of a worker's log.
+/// `start` and `length` are the bytes of the file returned (a tail's `start` is where its first
+/// line begins); `fileSize` is the file's size when read, so a client following it asks from
+/// `start + length` next. `data` is the bytes as text (invalid UTF-8 replaced).
+///
+/// ```json
+/// {"topologyId":"wc-1-1700000000","port":6700,"file":"worker.log","fileSize":5120,
+///  "start":5000,"length":120,"data":"2026-11-23T21:00:00Z INFO ...\n"}
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerLogChunk {
+    pub topology_id: TopologyId,
+    pub port: u16,
+    pub file: crate::worker_logs::LogFile,
+    pub file_size: u64,
+    pub start: u64,
+    pub length: u64,
+    pub data: String,
 }
