@@ -341,3 +341,29 @@ async fn squall_logs_prints_the_last_lines_of_a_components_worker() {
         assert!(text(&out).contains(&says), "{args:?}: {}", text(&out));
     }
 }
+
+/// A worker that prints a lot to stdout (the `stdout` sink, a line per word): its
+/// `worker.log.out`, which the process writes to directly, is rotated by the supervisor with the
+/// same keys as `worker.log`, rotation after rotation, never more than `worker.log.max.files`
+/// files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_stdout_log_rotates_and_keeps_at_most_max_files() {
+    const MAX_BYTES: u64 = 3000;
+    let mut cluster = Cluster::new("logs_out_rotation").await;
+    cluster.configure(&format!("worker.log.max.bytes: {MAX_BYTES}"));
+    cluster.configure("worker.log.max.files: 3");
+    cluster.start_nimbus();
+    let port = free_port();
+    cluster.start_supervisor("sup-a", &[port]);
+    let id = submit(&cluster, &sink_topology(&cluster, "printer", ("print", "stdout"), 1, 20)).await;
+    let dir = cluster.dir("sup-a").join("workers-artifacts").join(&id).join(port.to_string());
+
+    // Copied past the limit: a file may hold what its worker printed in one interval more.
+    rotates_several_times(&dir, "worker.log.out", None).await;
+    // The live file is being written at its new start: it stays far below what the worker
+    // printed in all (no sparse file growing from the old offset).
+    let live = std::fs::metadata(dir.join("worker.log.out")).unwrap().len();
+    assert!(live < 20 * MAX_BYTES, "worker.log.out has {live} bytes");
+    let text = std::fs::read(dir.join("worker.log.out")).unwrap();
+    assert!(!text.starts_with(&[0]), "no hole at the start: the worker appends");
+}

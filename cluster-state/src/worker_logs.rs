@@ -216,6 +216,33 @@ fn shift_archives(path: &Path, archives: u32, first: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// Rotates a file that another process keeps open for appending (`worker.log.out`, the
+/// worker's stdout and stderr, which the kernel writes to directly) when it holds more than
+/// `rotation.max_bytes`: logrotate's `copytruncate`. The archives shift (`.1` to `.2` ...,
+/// the oldest past `max_files` dropped), the live file is copied to `.1`, then truncated; the
+/// writer, in append mode, goes on at its new end. Bytes written between the copy's end and
+/// the truncation are lost (a moment; renaming instead would lose nothing but leave the writer
+/// appending to the renamed file for ever). Whether it rotated.
+pub fn copy_truncate(path: &Path, rotation: LogRotation) -> io::Result<bool> {
+    let size = match std::fs::metadata(path) {
+        Ok(meta) => meta.len(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if size <= rotation.max_bytes {
+        return Ok(false);
+    }
+    let archives = rotation.max_files.max(1) - 1;
+    let mut live = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+    if archives > 0 {
+        shift_archives(path, archives, 1)?;
+        let mut copy = files::private_file().open(rotated(path, 1))?;
+        io::copy(&mut live, &mut copy)?;
+    }
+    live.set_len(0)?;
+    Ok(true)
+}
+
 impl Write for RotatingFile {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
@@ -272,6 +299,28 @@ mod tests {
         let one = std::fs::read_to_string(rotated(&path, 1)).unwrap();
         let live_first = std::fs::read_to_string(&path).unwrap()[5..9].parse::<u32>().unwrap();
         assert!(one.contains(&format!("line {:04}", live_first - 1)), "{one}");
+    }
+
+    #[test]
+    fn a_file_another_writer_appends_to_is_copied_and_truncated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(WORKER_OUT);
+        // The worker's stdout: opened once for appending, never reopened.
+        let mut writer = files::private_append().open(&path).unwrap();
+        let rotation = LogRotation { max_bytes: 50, max_files: 3 };
+        assert!(!copy_truncate(&path, rotation).unwrap(), "nothing to rotate below the limit");
+        for round in 0..5 {
+            writer.write_all(format!("round {round}: {}\n", "x".repeat(60)).as_bytes()).unwrap();
+            assert!(copy_truncate(&path, rotation).unwrap());
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        }
+        writer.write_all(b"after\n").unwrap();
+        // Appending goes on at the truncated file's start, not at the old offset.
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "after\n");
+        assert!(std::fs::read_to_string(rotated(&path, 1)).unwrap().starts_with("round 4:"));
+        assert!(std::fs::read_to_string(rotated(&path, 2)).unwrap().starts_with("round 3:"));
+        assert!(!rotated(&path, 3).exists());
+        assert!(!copy_truncate(&dir.path().join("absent"), rotation).unwrap());
     }
 
     #[test]

@@ -431,6 +431,16 @@ pub async fn run(
         heartbeat_interval: Duration::from_secs(config.heartbeat_frequency_secs),
     };
     tasks.spawn(registration.run(shutdown.child_token()));
+    // Workers rotate their worker.log; their stdout and stderr the supervisor does.
+    let out_rotation = crate::out_rotation::OutRotation {
+        local_dir: config.local_dir.clone(),
+        rotation: worker_logs::LogRotation {
+            max_bytes: config.worker_log_max_bytes,
+            max_files: config.worker_log_max_files,
+        },
+        interval: Duration::from_secs(config.monitor_frequency_secs),
+    };
+    tasks.spawn(out_rotation.run(shutdown.child_token()));
     // The aggregated heartbeat of this supervisor's workers, to the leader nimbus.
     let (workers_tx, workers_rx) = watch::channel(running_workers(&process));
     let heartbeat_interval = Duration::from_secs(config.heartbeat_frequency_secs);
