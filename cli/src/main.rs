@@ -66,6 +66,9 @@ enum Command {
     /// Print the last lines of a topology's worker logs (of one component's workers with
     /// --component), read from the supervisors' log viewers; --follow keeps printing.
     Logs(logs::LogsCommand),
+    /// Change log levels of a running topology's workers without a restart, for a while or
+    /// until changed again (Storm's set_log_level): LOGGER=LEVEL[:TIMEOUT-SECS].
+    SetLogLevel(ops::SetLogLevelCommand),
     /// Replay a running topology's Kafka input from an earlier position: deactivate, wait for
     /// the group to empty, reset its offsets, activate.
     Replay(Box<replay::ReplayCommand>),
@@ -113,6 +116,7 @@ fn main() -> ExitCode {
         Some(Command::Rebalance(cmd)) => report("rebalance", ops::rebalance(cmd)),
         Some(Command::Errors(cmd)) => report("errors", ops::errors(cmd)),
         Some(Command::Logs(cmd)) => report("logs", logs::logs(cmd)),
+        Some(Command::SetLogLevel(cmd)) => report("set-log-level", ops::set_log_level(cmd)),
         Some(Command::Replay(cmd)) => report("replay", replay::replay(*cmd)),
         Some(Command::Offsets(cmd)) => report("offsets", offsets::execute(cmd)),
         None => ExitCode::SUCCESS,

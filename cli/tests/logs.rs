@@ -367,3 +367,73 @@ async fn a_workers_stdout_log_rotates_and_keeps_at_most_max_files() {
     let text = std::fs::read(dir.join("worker.log.out")).unwrap();
     assert!(!text.starts_with(&[0]), "no hole at the start: the worker appends");
 }
+
+/// `squall set-log-level` on a running topology (Storm's `set_log_level`): debug turned on for
+/// one logger (`worker::builtin`, where a `log` bolt at `level: debug` writes each tuple)
+/// reaches the running worker through `/storm/logconfigs/<id>`, its debug lines appear in
+/// `worker.log`, and after the timeout they stop while its info lines go on; no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_log_level_turns_debug_on_for_one_logger_until_its_timeout() {
+    let mut cluster = Cluster::new("logs_set_level").await;
+    cluster.configure("nimbus.http.token: level-test-token");
+    cluster.start_nimbus();
+    let port = free_port();
+    cluster.start_supervisor("sup-a", &[port]);
+    let file = cluster.dir("levels.yaml");
+    std::fs::write(
+        &file,
+        "name: levels\nconfig: {topology.workers: 1}\n\
+         spouts:\n  - {id: sentences, className: sentence-generator, parallelism: 1, params: {rate_per_sec: 5}}\n\
+         bolts:\n  - {id: split, className: split-sentence, parallelism: 1}\n\
+         \x20 - {id: quiet, className: log, parallelism: 1, params: {level: debug}}\n\
+         \x20 - {id: loud, className: log, parallelism: 1}\n\
+         streams:\n  - {from: sentences, to: split, grouping: {type: SHUFFLE}}\n\
+         \x20 - {from: split, to: quiet, grouping: {type: SHUFFLE}}\n  - {from: split, to: loud, grouping: {type: SHUFFLE}}\n",
+    )
+    .unwrap();
+    let id = submit(&cluster, &file).await;
+    let log =
+        cluster.dir("sup-a").join("workers-artifacts").join(&id).join(port.to_string()).join("worker.log");
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    let is_debug_tuple = |l: &str| l.contains(" DEBUG ") && l.contains("tuple");
+    let is_info_tuple = |l: &str| l.contains(" INFO ") && l.contains("tuple");
+    eventually(Duration::from_secs(90), "the worker to log info tuples", || async {
+        (read().lines().filter(|l| is_info_tuple(l)).count() >= 10).then_some(())
+    })
+    .await;
+    assert!(!read().lines().any(is_debug_tuple), "no debug before it is asked for");
+
+    let out = cluster.squall(&["set-log-level", "levels", "worker::builtin=DEBUG:5"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(said.starts_with("worker::builtin=DEBUG for "), "{said}");
+    eventually(Duration::from_secs(30), "debug tuples in worker.log", || async {
+        (read().lines().filter(|l| is_debug_tuple(l)).count() >= 5).then_some(())
+    })
+    .await;
+    // After the timeout the worker goes back to its base filter by itself: once 20 info
+    // tuples were logged after that, none of the lines since is a debug one.
+    let reverted = |text: &str| {
+        let lines: Vec<&str> = text.lines().collect();
+        lines.iter().rposition(|l| l.contains("log levels changed") && l.contains("levels=[]"))
+    };
+    let logged = eventually(Duration::from_secs(60), "the levels to revert and info to go on", || async {
+        let logged = read();
+        let at = reverted(&logged)?;
+        (logged.lines().skip(at).filter(|l| is_info_tuple(l)).count() >= 20).then_some(logged)
+    })
+    .await;
+    let at = reverted(&logged).unwrap();
+    let after: Vec<&str> = logged.lines().skip(at + 1).filter(|l| is_debug_tuple(l)).collect();
+    assert!(after.is_empty(), "debug lines after the timeout: {after:?}");
+
+    // A bad spec or logger is refused before anything is written, naming what is wrong.
+    for (spec, says) in [
+        ("worker::builtin=LOUD", "one of TRACE"),
+        ("a,b=DEBUG", "module path"),
+        ("ROOT=DEBUG:soon", "whole number"),
+    ] {
+        let out = cluster.squall(&["set-log-level", "levels", spec]);
+        assert!(!out.status.success() && text(&out).contains(says), "{spec}: {}", text(&out));
+    }
+}

@@ -731,3 +731,72 @@ fn consumer_group_bodies_keep_their_keys() {
         assert!(err.contains(says), "{body}: {err}");
     }
 }
+
+/// Storm UI's `logconfig` body and answer (`namedLoggerLevels`, `target_level`, `timeout`),
+/// and the supervisors' log viewer's answers.
+#[test]
+fn log_bodies_keep_their_keys() {
+    use cluster_state::api::{
+        LogConfigRequest, LogConfigView, LoggerLevelRequest, LoggerLevelView, WorkerLogChunk, WorkerLogFile,
+        WorkerLogFiles,
+    };
+    use cluster_state::worker_logs::LogFile;
+    use cluster_state::znode::LogLevel;
+    let logger = "kafka_spout".parse().unwrap();
+    golden(
+        &LogConfigRequest {
+            named_logger_levels: [(
+                logger,
+                LoggerLevelRequest { target_level: LogLevel::Debug, timeout: 30 },
+            )]
+            .into_iter()
+            .collect(),
+        },
+        r#"{"namedLoggerLevels":{"kafka_spout":{"target_level":"DEBUG","timeout":30}}}"#,
+    );
+    // Storm's clients send upper case; anything else is refused with the field named.
+    let lower =
+        api::decode_request::<LogConfigRequest>(br#"{"namedLoggerLevels":{"ROOT":{"target_level":"LOUD"}}}"#)
+            .unwrap_err()
+            .to_string();
+    assert!(lower.contains("target_level"), "{lower}");
+    let bad =
+        api::decode_request::<LogConfigRequest>(br#"{"namedLoggerLevels":{"a=b":{"target_level":"DEBUG"}}}"#)
+            .unwrap_err()
+            .to_string();
+    assert!(bad.contains("module path"), "{bad}");
+    golden(
+        &LogConfigView {
+            named_logger_levels: [(
+                "ROOT".parse().unwrap(),
+                LoggerLevelView { target_level: LogLevel::Warn, timeout_epoch: Some(1_700_000_030_000) },
+            )]
+            .into_iter()
+            .collect(),
+        },
+        r#"{"namedLoggerLevels":{"ROOT":{"target_level":"WARN","timeout_epoch":1700000030000}}}"#,
+    );
+    golden(
+        &WorkerLogFiles {
+            topology_id: id(),
+            port: 6700,
+            files: vec![
+                WorkerLogFile { file: LogFile::LOG, size: 12 },
+                WorkerLogFile { file: LogFile::Out(1), size: 3 },
+            ],
+        },
+        r#"{"topologyId":"wc-1-1700000000","port":6700,"files":[{"file":"worker.log","size":12},{"file":"worker.log.out.1","size":3}]}"#,
+    );
+    golden(
+        &WorkerLogChunk {
+            topology_id: id(),
+            port: 6700,
+            file: LogFile::Log(2),
+            file_size: 100,
+            start: 90,
+            length: 10,
+            data: "last line\n".into(),
+        },
+        r#"{"topologyId":"wc-1-1700000000","port":6700,"file":"worker.log.2","fileSize":100,"start":90,"length":10,"data":"last line\n"}"#,
+    );
+}

@@ -23,9 +23,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use cluster_state::api::{
     self, BeginUpload, BodyError, ChunkReceived, ClusterSummary, ErrorBody, FinishUpload, HeartbeatAccepted,
-    LogRead, LogRoute, NimbusSummaries, RebalanceOptions, RebalanceRequest, Route, SubmitTopology, Submitted,
-    SupervisorHeartbeat, SupervisorSummaries, TargetGroup, TopologyDetail, TopologyErrors, TopologyOperation,
-    TopologySummaries, UploadBegun, UploadFinished, UploadId, WorkerLogChunk, WorkerLogFiles,
+    LogConfigRequest, LogConfigView, LogRead, LogRoute, NimbusSummaries, RebalanceOptions, RebalanceRequest,
+    Route, SubmitTopology, Submitted, SupervisorHeartbeat, SupervisorSummaries, TargetGroup, TopologyDetail,
+    TopologyErrors, TopologyOperation, TopologySummaries, UploadBegun, UploadFinished, UploadId,
+    WorkerLogChunk, WorkerLogFiles,
 };
 use cluster_state::code::CodeFile;
 use cluster_state::ids::TopologyId;
@@ -288,6 +289,16 @@ impl NimbusClient {
     ) -> Result<TopologyOperation, ClientError> {
         let route = Route::Rebalance { id: id.clone(), wait_secs };
         self.post_json(route, &RebalanceRequest::new(options)).await
+    }
+
+    /// Sets runtime log levels on a topology's workers (Storm's `set_log_level`); the
+    /// topology's levels after the change.
+    pub async fn set_log_config(
+        &self,
+        id: &TopologyId,
+        request: &LogConfigRequest,
+    ) -> Result<LogConfigView, ClientError> {
+        self.post_json(Route::LogConfig(id.clone()), request).await
     }
 
     /// Uploads `bytes` in chunks (begin, chunks, finish with the SHA-256); returns the upload

@@ -61,6 +61,7 @@ mod executor;
 pub mod flux;
 pub mod grouping;
 pub mod layout;
+pub mod log_levels;
 pub mod metrics;
 pub mod multilang;
 pub mod process;

@@ -1023,3 +1023,58 @@ pub struct WorkerLogChunk {
     pub length: u64,
     pub data: String,
 }
+
+/// `POST /api/v1/topology/:id/logconfig` (Storm UI's, `storm set_log_level`): levels to set on
+/// the topology's running workers, by logger (`ROOT` or a module path).
+///
+/// ```json
+/// {"namedLoggerLevels":{"kafka_spout":{"target_level":"DEBUG","timeout":30}}}
+/// ```
+/// `timeout` is in seconds, 0 (the default) for ever; a logger not named keeps what it had.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LogConfigRequest {
+    pub named_logger_levels: BTreeMap<crate::znode::LoggerName, LoggerLevelRequest>,
+}
+
+/// One logger of a [`LogConfigRequest`] (Storm's keys).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoggerLevelRequest {
+    pub target_level: crate::znode::LogLevel,
+    #[serde(default)]
+    pub timeout: u64,
+}
+
+/// The answer to a [`LogConfigRequest`]: the topology's levels now, each with the epoch (ms)
+/// it ends at, if it does.
+///
+/// ```json
+/// {"namedLoggerLevels":{"kafka_spout":{"target_level":"DEBUG","timeout_epoch":1700000030000}}}
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogConfigView {
+    pub named_logger_levels: BTreeMap<crate::znode::LoggerName, LoggerLevelView>,
+}
+
+/// One logger of a [`LogConfigView`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoggerLevelView {
+    pub target_level: crate::znode::LogLevel,
+    #[serde(default)]
+    pub timeout_epoch: Option<u64>,
+}
+
+impl From<&crate::znode::LogConfig> for LogConfigView {
+    fn from(config: &crate::znode::LogConfig) -> Self {
+        let levels = config.named_logger_level.iter().map(|(name, level)| {
+            let view = LoggerLevelView {
+                target_level: level.target_log_level,
+                timeout_epoch: level.reset_log_level_timeout_epoch_ms,
+            };
+            (name.clone(), view)
+        });
+        LogConfigView { named_logger_levels: levels.collect() }
+    }
+}

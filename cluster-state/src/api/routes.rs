@@ -21,6 +21,7 @@
 //! POST /api/v1/topology/:id/activate | deactivate -> TopologyOperation
 //! POST /api/v1/topology/:id/kill/:wait-time       -> TopologyOperation
 //! POST /api/v1/topology/:id/rebalance/:wait-time  RebalanceRequest -> TopologyOperation
+//! POST /api/v1/topology/:id/logconfig             LogConfigRequest -> LogConfigView
 //! POST /api/v1/uploads                            BeginUpload -> 201 UploadBegun
 //! POST /api/v1/uploads/:upload-id/chunks/:offset  raw bytes -> ChunkReceived
 //! POST /api/v1/uploads/:upload-id/finish          FinishUpload -> UploadFinished
@@ -66,10 +67,21 @@ pub enum Route {
     SupervisorHeartbeat,
     Activate(TopologyId),
     Deactivate(TopologyId),
-    Kill { id: TopologyId, wait_secs: u64 },
-    Rebalance { id: TopologyId, wait_secs: u64 },
+    Kill {
+        id: TopologyId,
+        wait_secs: u64,
+    },
+    Rebalance {
+        id: TopologyId,
+        wait_secs: u64,
+    },
+    /// Storm's `set_log_level`: runtime log levels of a topology's workers.
+    LogConfig(TopologyId),
     BeginUpload,
-    Chunk { upload: UploadId, offset: u64 },
+    Chunk {
+        upload: UploadId,
+        offset: u64,
+    },
     FinishUpload(UploadId),
 }
 
@@ -153,6 +165,7 @@ impl Route {
             | Deactivate(_)
             | Kill { .. }
             | Rebalance { .. }
+            | LogConfig(_)
             | BeginUpload
             | Chunk { .. }
             | FinishUpload(_) => Method::POST,
@@ -182,6 +195,7 @@ impl Route {
             Route::Deactivate(id) => format!("topology/{id}/deactivate"),
             Route::Kill { id, wait_secs } => format!("topology/{id}/kill/{wait_secs}"),
             Route::Rebalance { id, wait_secs } => format!("topology/{id}/rebalance/{wait_secs}"),
+            Route::LogConfig(id) => format!("topology/{id}/logconfig"),
             Route::BeginUpload => "uploads".to_owned(),
             Route::Chunk { upload, offset } => format!("uploads/{upload}/chunks/{offset}"),
             Route::FinishUpload(upload) => format!("uploads/{upload}/finish"),
@@ -230,6 +244,7 @@ impl Route {
             ),
             ["topology", id, "activate"] => (post, topology(id).map(Route::Activate)),
             ["topology", id, "deactivate"] => (post, topology(id).map(Route::Deactivate)),
+            ["topology", id, "logconfig"] => (post, topology(id).map(Route::LogConfig)),
             ["topology", id, "kill", wait] => {
                 (post, topology(id).and_then(|id| Ok(Route::Kill { id, wait_secs: wait_time(wait)? })))
             }
@@ -487,7 +502,8 @@ mod tests {
             Route::Activate(id.clone()),
             Route::Deactivate(id.clone()),
             Route::Kill { id: id.clone(), wait_secs: 0 },
-            Route::Rebalance { id, wait_secs: u64::MAX },
+            Route::Rebalance { id: id.clone(), wait_secs: u64::MAX },
+            Route::LogConfig(id),
             Route::BeginUpload,
             Route::Chunk { upload, offset: 8_388_608 },
             Route::FinishUpload(upload),
@@ -529,6 +545,7 @@ mod tests {
                 "POST /api/v1/topology/wc-1-1700000000/deactivate",
                 "POST /api/v1/topology/wc-1-1700000000/kill/0",
                 "POST /api/v1/topology/wc-1-1700000000/rebalance/18446744073709551615",
+                "POST /api/v1/topology/wc-1-1700000000/logconfig",
                 "POST /api/v1/uploads",
                 "POST /api/v1/uploads/123e4567-e89b-42d3-a456-426614174000/chunks/8388608",
                 "POST /api/v1/uploads/123e4567-e89b-42d3-a456-426614174000/finish",
