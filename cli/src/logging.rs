@@ -88,15 +88,39 @@ fn install<W>(args: &LogArgs, role: Role, writer: impl Fn() -> W + Send + Sync +
 where
     W: std::io::Write + 'static,
 {
-    let filter = if args.verbose > 0 {
-        EnvFilter::new(level(role, args.verbose))
+    // The base filter's directives, which runtime log levels (a worker's) are added to.
+    let base = if args.verbose > 0 {
+        level(role, args.verbose).to_owned()
     } else {
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level(role, 0)))
+        std::env::var(EnvFilter::DEFAULT_ENV)
+            .ok()
+            .filter(|d| EnvFilter::try_new(d).is_ok())
+            .unwrap_or_else(|| level(role, 0).to_owned())
     };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
+    let builder = tracing_subscriber::fmt().with_env_filter(EnvFilter::new(&base)).with_writer(writer);
+    // Only a worker's levels change at runtime (`set-log-level`); others ignore the handle.
+    let reloader = |reload: Box<dyn Fn(EnvFilter) -> Result<(), String> + Send + Sync>| {
+        let reloader: worker::log_levels::Reloader = std::sync::Arc::new(move |directives: &[String]| {
+            let mut all = vec![base.clone()];
+            all.extend(directives.iter().cloned());
+            let filter = EnvFilter::try_new(all.join(",")).map_err(|e| e.to_string())?;
+            reload(filter)
+        });
+        worker::log_levels::install(reloader);
+    };
     match args.log_format {
-        LogFormat::Plain => builder.with_ansi(ansi).init(),
-        LogFormat::Json => builder.json().with_ansi(false).init(),
+        LogFormat::Plain => {
+            let builder = builder.with_ansi(ansi).with_filter_reloading();
+            let handle = builder.reload_handle();
+            reloader(Box::new(move |f| handle.reload(f).map_err(|e| e.to_string())));
+            builder.init();
+        }
+        LogFormat::Json => {
+            let builder = builder.json().with_ansi(false).with_filter_reloading();
+            let handle = builder.reload_handle();
+            reloader(Box::new(move |f| handle.reload(f).map_err(|e| e.to_string())));
+            builder.init();
+        }
     }
 }
 

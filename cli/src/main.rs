@@ -12,6 +12,7 @@ mod config;
 mod daemons;
 mod local;
 mod logging;
+mod logs;
 mod offsets;
 mod ops;
 mod replay;
@@ -62,6 +63,12 @@ enum Command {
     Rebalance(ops::RebalanceCommand),
     /// Show the errors a topology's components reported, newest first.
     Errors(ops::NameCommand),
+    /// Print the last lines of a topology's worker logs (of one component's workers with
+    /// --component), read from the supervisors' log viewers; --follow keeps printing.
+    Logs(logs::LogsCommand),
+    /// Change log levels of a running topology's workers without a restart, for a while or
+    /// until changed again (Storm's set_log_level): LOGGER=LEVEL[:TIMEOUT-SECS].
+    SetLogLevel(ops::SetLogLevelCommand),
     /// Replay a running topology's Kafka input from an earlier position: deactivate, wait for
     /// the group to empty, reset its offsets, activate.
     Replay(Box<replay::ReplayCommand>),
@@ -108,6 +115,8 @@ fn main() -> ExitCode {
         Some(Command::Deactivate(cmd)) => report("deactivate", ops::set_active(cmd, false)),
         Some(Command::Rebalance(cmd)) => report("rebalance", ops::rebalance(cmd)),
         Some(Command::Errors(cmd)) => report("errors", ops::errors(cmd)),
+        Some(Command::Logs(cmd)) => report("logs", logs::logs(cmd)),
+        Some(Command::SetLogLevel(cmd)) => report("set-log-level", ops::set_log_level(cmd)),
         Some(Command::Replay(cmd)) => report("replay", replay::replay(*cmd)),
         Some(Command::Offsets(cmd)) => report("offsets", offsets::execute(cmd)),
         None => ExitCode::SUCCESS,

@@ -6,9 +6,13 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use cluster_state::api::{Count, NimbusSummaries, RebalanceOptions, SubmitTopology, TopologySummaries};
+use cluster_state::api::{
+    Count, LogConfigRequest, LoggerLevelRequest, NimbusSummaries, RebalanceOptions, SubmitTopology,
+    TopologySummaries,
+};
 use cluster_state::ids::{ComponentId, TopologyId};
 use cluster_state::structure::TopologyStructure;
+use cluster_state::znode::LoggerName;
 use nimbus_client::{ClientError, NimbusClient};
 
 use crate::config::ClusterConfig;
@@ -391,9 +395,79 @@ pub fn errors(cmd: NameCommand) -> Result<(), String> {
     })
 }
 
+/// `squall set-log-level`.
+#[derive(Debug, clap::Args)]
+pub struct SetLogLevelCommand {
+    /// The topology's name (or id).
+    pub name: String,
+    /// `LOGGER=LEVEL[:TIMEOUT-SECS]` (repeatable): LOGGER is ROOT (the default level) or a
+    /// module path (`kafka_spout`, `worker::builtin`); LEVEL one of TRACE, DEBUG, INFO, WARN,
+    /// ERROR, OFF; without a timeout the level stays until changed again.
+    #[arg(required = true, value_name = "LOGGER=LEVEL[:TIMEOUT-SECS]")]
+    pub levels: Vec<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Reads `LOGGER=LEVEL[:TIMEOUT-SECS]` (Storm's `-l` argument).
+fn parse_log_level(spec: &str) -> Result<(LoggerName, LoggerLevelRequest), String> {
+    let (logger, rest) =
+        spec.split_once('=').ok_or_else(|| format!("{spec:?}: LOGGER=LEVEL[:TIMEOUT-SECS] is required"))?;
+    let (level, timeout) = match rest.split_once(':') {
+        Some((level, secs)) => {
+            let secs = secs
+                .parse::<u64>()
+                .map_err(|_| format!("{spec:?}: timeout {secs:?} is not a whole number of seconds"))?;
+            (level, secs)
+        }
+        None => (rest, 0),
+    };
+    Ok((logger.parse()?, LoggerLevelRequest { target_level: level.parse()?, timeout }))
+}
+
+/// `squall set-log-level`: changes log levels of a running topology's workers, no restart.
+pub fn set_log_level(cmd: SetLogLevelCommand) -> Result<(), String> {
+    let levels = cmd.levels.iter().map(|s| parse_log_level(s)).collect::<Result<_, _>>()?;
+    let client = cmd.client.client()?;
+    runtime()?.block_on(async {
+        let id = resolve(&client, &cmd.name).await?;
+        let request = LogConfigRequest { named_logger_levels: levels };
+        let view = client.set_log_config(&id, &request).await.map_err(explain)?;
+        for (logger, level) in view.named_logger_levels {
+            match level.timeout_epoch {
+                Some(ms) => {
+                    let left = ms.saturating_sub(cluster_state::clock::now_millis()).div_ceil(1000);
+                    println!("{logger}={} for {left}s more", level.target_level);
+                }
+                None => println!("{logger}={}", level.target_level),
+            }
+        }
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_levels_are_storms_specs() {
+        let (logger, level) = parse_log_level("worker::builtin=debug:30").unwrap();
+        assert_eq!(
+            (logger.as_str(), level.target_level.as_str(), level.timeout),
+            ("worker::builtin", "DEBUG", 30)
+        );
+        assert_eq!(parse_log_level("ROOT=WARN").unwrap().1.timeout, 0);
+        for (bad, says) in [
+            ("ROOT", "LOGGER=LEVEL"),
+            ("ROOT=LOUD", "one of TRACE"),
+            ("ROOT=DEBUG:x", "whole number"),
+            ("a,b=DEBUG", "module path"),
+        ] {
+            let err = parse_log_level(bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn executor_options_are_checked() {

@@ -69,6 +69,38 @@ impl<S: Service<Request<Incoming>>> Service<Request<Incoming>> for WithPeer<S> {
     }
 }
 
+/// What a request's `Authorization` header says against a configured token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bearer {
+    /// `Bearer <token>` with the right token.
+    Valid,
+    /// A bearer token, but not this one.
+    Wrong,
+    /// No `Authorization: Bearer ...` at all.
+    Missing,
+}
+
+/// Checks `headers` for `Authorization: Bearer <token>` (RFC 7235: the scheme in any case, one
+/// or more spaces after it), comparing without an early exit so timing does not reveal how much
+/// of a guess was right. Nimbus's API and the supervisors' log viewer share it.
+pub fn check_bearer(headers: &hyper::HeaderMap, token: &str) -> Bearer {
+    let given = headers
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim_start_matches(' '));
+    match given {
+        None => Bearer::Missing,
+        Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => Bearer::Valid,
+        Some(_) => Bearer::Wrong,
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// Serves `service` on `listener` until `shutdown`; returns once every connection has finished
 /// (in-flight requests complete, idle keep-alive connections are closed).
 pub async fn serve<S, B>(

@@ -34,6 +34,8 @@
 //!   CA and certificate) loaded with rustls, errors naming the config key and file.
 //! - [`worker_logs`]: where a worker's log lives (Storm's
 //!   `workers-artifacts/<topology-id>/<port>/worker.log`) and its size-rotated file.
+//! - [`logviewer`]: a supervisor's HTTP port: `/metrics` and the log viewer serving its
+//!   workers' logs by topology id, port and file kind (tail, byte range, download).
 //! - [`secrets`]: which topology params are secrets, and redaction of their values from API
 //!   answers, reported errors and logs.
 
@@ -49,6 +51,7 @@ pub mod http;
 pub mod ids;
 pub mod launch;
 pub mod layout;
+pub mod logviewer;
 pub mod metrics;
 pub mod paths;
 pub mod resources;

@@ -141,6 +141,16 @@ impl StormPaths {
         format!("{}/errors/{id}/{component}/e", self.root)
     }
 
+    /// `<root>/logconfigs`: runtime log levels per topology (Storm's path).
+    pub fn log_configs_dir(&self) -> String {
+        format!("{}/logconfigs", self.root)
+    }
+
+    /// `<root>/logconfigs/<topology-id>`.
+    pub fn log_config(&self, id: &TopologyId) -> String {
+        format!("{}/logconfigs/{id}", self.root)
+    }
+
     /// `<root>/leader-lock`: nimbus leader election (Storm's layout; Curator's leader latch
     /// there, Squall's sequential ephemerals `latch-<seq>` here, lowest wins).
     pub fn leader_lock_dir(&self) -> String {

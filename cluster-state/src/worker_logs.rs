@@ -41,6 +41,97 @@ pub fn worker_log(local_dir: &Path, topology: &TopologyId, port: u16) -> PathBuf
     artifacts_dir(local_dir, topology, port).join(WORKER_LOG)
 }
 
+/// One of a worker's log files, by kind and generation: what a client names instead of a path
+/// (the supervisor's log viewer, `squall logs`). `Log(0)` is `worker.log`, `Log(3)` is
+/// `worker.log.3`; `Out(0)` is `worker.log.out`, `Out(2)` is `worker.log.out.2`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum LogFile {
+    /// `worker.log` (0) or one of its rotated files.
+    Log(u32),
+    /// `worker.log.out` (0), the process's stdout and stderr, or one of its rotated files.
+    Out(u32),
+}
+
+/// The highest generation a [`LogFile`] name may carry (far above any `worker.log.max.files`
+/// worth keeping; it only bounds what a client may ask for).
+pub const MAX_GENERATION: u32 = 9_999;
+
+impl LogFile {
+    /// The live `worker.log`.
+    pub const LOG: LogFile = LogFile::Log(0);
+    /// The live `worker.log.out`.
+    pub const OUT: LogFile = LogFile::Out(0);
+
+    /// The file's name in the worker's artifacts directory.
+    pub fn file_name(self) -> String {
+        match self {
+            LogFile::Log(0) => WORKER_LOG.to_owned(),
+            LogFile::Log(n) => format!("{WORKER_LOG}.{n}"),
+            LogFile::Out(0) => WORKER_OUT.to_owned(),
+            LogFile::Out(n) => format!("{WORKER_OUT}.{n}"),
+        }
+    }
+
+    /// Its path under `local_dir` for the worker of `topology` on `port`.
+    pub fn path(self, local_dir: &Path, topology: &TopologyId, port: u16) -> PathBuf {
+        artifacts_dir(local_dir, topology, port).join(self.file_name())
+    }
+}
+
+impl std::fmt::Display for LogFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.file_name())
+    }
+}
+
+/// A name that is not one of a worker's log files.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown log file {0:?}: must be worker.log, worker.log.N, worker.log.out or worker.log.out.N \
+     (N from 1 to 9999)"
+)]
+pub struct UnknownLogFile(pub String);
+
+impl TryFrom<String> for LogFile {
+    type Error = UnknownLogFile;
+    fn try_from(name: String) -> Result<Self, UnknownLogFile> {
+        name.parse()
+    }
+}
+
+impl From<LogFile> for String {
+    fn from(file: LogFile) -> String {
+        file.file_name()
+    }
+}
+
+impl std::str::FromStr for LogFile {
+    type Err = UnknownLogFile;
+
+    fn from_str(name: &str) -> Result<Self, UnknownLogFile> {
+        let bad = || UnknownLogFile(name.chars().take(80).collect());
+        let generation = |rest: &str| -> Result<u32, UnknownLogFile> {
+            if rest.is_empty() {
+                return Ok(0);
+            }
+            let digits = rest.strip_prefix('.').ok_or_else(bad)?;
+            // Digits only, no leading zero: one name per file.
+            if digits.is_empty() || digits.starts_with('0') || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            digits.parse::<u32>().ok().filter(|n| *n <= MAX_GENERATION).ok_or_else(bad)
+        };
+        if let Some(rest) = name.strip_prefix(WORKER_OUT) {
+            return generation(rest).map(LogFile::Out);
+        }
+        if let Some(rest) = name.strip_prefix(WORKER_LOG) {
+            return generation(rest).map(LogFile::Log);
+        }
+        Err(bad())
+    }
+}
+
 /// How a log file is rotated: `worker.log.max.bytes` and `worker.log.max.files` (every file
 /// counted, the live one included; at least 1, where the file is truncated instead).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,20 +193,54 @@ impl Inner {
             self.size = 0;
             return Ok(());
         }
-        match std::fs::remove_file(rotated(&self.path, archives)) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        for n in (0..archives).rev() {
-            match std::fs::rename(rotated(&self.path, n), rotated(&self.path, n + 1)) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
-        }
+        shift_archives(&self.path, archives, 0)?;
         self.file = files::private_append().open(&self.path)?;
         self.size = 0;
         Ok(())
     }
+}
+
+/// Makes room for a new `path.(first + 1)`: drops `path.(archives)`, then renames `path.(k)` to
+/// `path.(k + 1)` from the oldest kept down to `first` (0: the live file itself moves).
+fn shift_archives(path: &Path, archives: u32, first: u32) -> io::Result<()> {
+    match std::fs::remove_file(rotated(path, archives)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    for n in (first..archives).rev() {
+        match std::fs::rename(rotated(path, n), rotated(path, n + 1)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Rotates a file that another process keeps open for appending (`worker.log.out`, the
+/// worker's stdout and stderr, which the kernel writes to directly) when it holds more than
+/// `rotation.max_bytes`: logrotate's `copytruncate`. The archives shift (`.1` to `.2` ...,
+/// the oldest past `max_files` dropped), the live file is copied to `.1`, then truncated; the
+/// writer, in append mode, goes on at its new end. Bytes written between the copy's end and
+/// the truncation are lost (a moment; renaming instead would lose nothing but leave the writer
+/// appending to the renamed file for ever). Whether it rotated.
+pub fn copy_truncate(path: &Path, rotation: LogRotation) -> io::Result<bool> {
+    let size = match std::fs::metadata(path) {
+        Ok(meta) => meta.len(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if size <= rotation.max_bytes {
+        return Ok(false);
+    }
+    let archives = rotation.max_files.max(1) - 1;
+    let mut live = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+    if archives > 0 {
+        shift_archives(path, archives, 1)?;
+        let mut copy = files::private_file().open(rotated(path, 1))?;
+        io::copy(&mut live, &mut copy)?;
+    }
+    live.set_len(0)?;
+    Ok(true)
 }
 
 impl Write for RotatingFile {
@@ -174,6 +299,28 @@ mod tests {
         let one = std::fs::read_to_string(rotated(&path, 1)).unwrap();
         let live_first = std::fs::read_to_string(&path).unwrap()[5..9].parse::<u32>().unwrap();
         assert!(one.contains(&format!("line {:04}", live_first - 1)), "{one}");
+    }
+
+    #[test]
+    fn a_file_another_writer_appends_to_is_copied_and_truncated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(WORKER_OUT);
+        // The worker's stdout: opened once for appending, never reopened.
+        let mut writer = files::private_append().open(&path).unwrap();
+        let rotation = LogRotation { max_bytes: 50, max_files: 3 };
+        assert!(!copy_truncate(&path, rotation).unwrap(), "nothing to rotate below the limit");
+        for round in 0..5 {
+            writer.write_all(format!("round {round}: {}\n", "x".repeat(60)).as_bytes()).unwrap();
+            assert!(copy_truncate(&path, rotation).unwrap());
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        }
+        writer.write_all(b"after\n").unwrap();
+        // Appending goes on at the truncated file's start, not at the old offset.
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "after\n");
+        assert!(std::fs::read_to_string(rotated(&path, 1)).unwrap().starts_with("round 4:"));
+        assert!(std::fs::read_to_string(rotated(&path, 2)).unwrap().starts_with("round 3:"));
+        assert!(!rotated(&path, 3).exists());
+        assert!(!copy_truncate(&dir.path().join("absent"), rotation).unwrap());
     }
 
     #[test]

@@ -408,6 +408,9 @@ fn topology_page() -> TopologyDetail {
             component_num_tasks: [(comp("split"), 2)].into_iter().collect(),
             uptime: "2m 47s".into(),
             uptime_seconds: 167,
+            worker_log_link: "http://h:9100/the-log-viewer-link".into(),
+            log_viewer: Some("h:9100".into()),
+            log_viewer_scheme: cluster_state::znode::MetricsScheme::Http,
         }],
         configuration: [("topology.message.timeout.secs".to_owned(), serde_json::Value::from(30))]
             .into_iter()
@@ -415,7 +418,7 @@ fn topology_page() -> TopologyDetail {
     }
 }
 
-const TOPOLOGY_PAGE_TAIL: &str = r#""msgTimeout":30,"window":":all-time","windowHint":"All time","topologyStats":[{"windowPretty":"10m 0s","window":"600","emitted":100,"transferred":90,"completeLatency":"8.000","acked":80,"failed":1},{"windowPretty":"All time","window":":all-time","emitted":100,"transferred":90,"completeLatency":"8.000","acked":80,"failed":1}],"spouts":[{"spoutId":"sentences","executors":1,"tasks":1,"emitted":100,"transferred":90,"acked":80,"failed":1,"completeLatency":"8.000","lastError":"","errorHost":"","errorPort":null,"errorTime":null,"errorLapsedSecs":null}],"bolts":[{"boltId":"split","executors":2,"tasks":4,"emitted":700,"transferred":700,"acked":99,"failed":0,"executed":99,"executeLatency":"0.048","processLatency":"0.048","capacity":"0.003","lastError":"boom","errorHost":"h","errorPort":6701,"errorTime":1700000000,"errorLapsedSecs":65}],"workers":[{"supervisorId":"sup-1","host":"h","port":6700,"topologyId":"wc-1-1700000000","topologyName":"wc","executorsTotal":3,"componentNumTasks":{"split":2},"uptime":"2m 47s","uptimeSeconds":167}],"configuration":{"topology.message.timeout.secs":30}}"#;
+const TOPOLOGY_PAGE_TAIL: &str = r#""msgTimeout":30,"window":":all-time","windowHint":"All time","topologyStats":[{"windowPretty":"10m 0s","window":"600","emitted":100,"transferred":90,"completeLatency":"8.000","acked":80,"failed":1},{"windowPretty":"All time","window":":all-time","emitted":100,"transferred":90,"completeLatency":"8.000","acked":80,"failed":1}],"spouts":[{"spoutId":"sentences","executors":1,"tasks":1,"emitted":100,"transferred":90,"acked":80,"failed":1,"completeLatency":"8.000","lastError":"","errorHost":"","errorPort":null,"errorTime":null,"errorLapsedSecs":null}],"bolts":[{"boltId":"split","executors":2,"tasks":4,"emitted":700,"transferred":700,"acked":99,"failed":0,"executed":99,"executeLatency":"0.048","processLatency":"0.048","capacity":"0.003","lastError":"boom","errorHost":"h","errorPort":6701,"errorTime":1700000000,"errorLapsedSecs":65}],"workers":[{"supervisorId":"sup-1","host":"h","port":6700,"topologyId":"wc-1-1700000000","topologyName":"wc","executorsTotal":3,"componentNumTasks":{"split":2},"uptime":"2m 47s","uptimeSeconds":167,"workerLogLink":"http://h:9100/the-log-viewer-link","logViewer":"h:9100"}],"configuration":{"topology.message.timeout.secs":30}}"#;
 
 /// Every key of every object in `value`, at any depth.
 fn keys(value: &serde_json::Value, out: &mut std::collections::BTreeSet<String>) {
@@ -727,4 +730,73 @@ fn consumer_group_bodies_keep_their_keys() {
         let err = api::decode_request::<ResetPlanRequest>(body.as_bytes()).unwrap_err().to_string();
         assert!(err.contains(says), "{body}: {err}");
     }
+}
+
+/// Storm UI's `logconfig` body and answer (`namedLoggerLevels`, `target_level`, `timeout`),
+/// and the supervisors' log viewer's answers.
+#[test]
+fn log_bodies_keep_their_keys() {
+    use cluster_state::api::{
+        LogConfigRequest, LogConfigView, LoggerLevelRequest, LoggerLevelView, WorkerLogChunk, WorkerLogFile,
+        WorkerLogFiles,
+    };
+    use cluster_state::worker_logs::LogFile;
+    use cluster_state::znode::LogLevel;
+    let logger = "kafka_spout".parse().unwrap();
+    golden(
+        &LogConfigRequest {
+            named_logger_levels: [(
+                logger,
+                LoggerLevelRequest { target_level: LogLevel::Debug, timeout: 30 },
+            )]
+            .into_iter()
+            .collect(),
+        },
+        r#"{"namedLoggerLevels":{"kafka_spout":{"target_level":"DEBUG","timeout":30}}}"#,
+    );
+    // Storm's clients send upper case; anything else is refused with the field named.
+    let lower =
+        api::decode_request::<LogConfigRequest>(br#"{"namedLoggerLevels":{"ROOT":{"target_level":"LOUD"}}}"#)
+            .unwrap_err()
+            .to_string();
+    assert!(lower.contains("target_level"), "{lower}");
+    let bad =
+        api::decode_request::<LogConfigRequest>(br#"{"namedLoggerLevels":{"a=b":{"target_level":"DEBUG"}}}"#)
+            .unwrap_err()
+            .to_string();
+    assert!(bad.contains("module path"), "{bad}");
+    golden(
+        &LogConfigView {
+            named_logger_levels: [(
+                "ROOT".parse().unwrap(),
+                LoggerLevelView { target_level: LogLevel::Warn, timeout_epoch: Some(1_700_000_030_000) },
+            )]
+            .into_iter()
+            .collect(),
+        },
+        r#"{"namedLoggerLevels":{"ROOT":{"target_level":"WARN","timeout_epoch":1700000030000}}}"#,
+    );
+    golden(
+        &WorkerLogFiles {
+            topology_id: id(),
+            port: 6700,
+            files: vec![
+                WorkerLogFile { file: LogFile::LOG, size: 12 },
+                WorkerLogFile { file: LogFile::Out(1), size: 3 },
+            ],
+        },
+        r#"{"topologyId":"wc-1-1700000000","port":6700,"files":[{"file":"worker.log","size":12},{"file":"worker.log.out.1","size":3}]}"#,
+    );
+    golden(
+        &WorkerLogChunk {
+            topology_id: id(),
+            port: 6700,
+            file: LogFile::Log(2),
+            file_size: 100,
+            start: 90,
+            length: 10,
+            data: "last line\n".into(),
+        },
+        r#"{"topologyId":"wc-1-1700000000","port":6700,"file":"worker.log.2","fileSize":100,"start":90,"length":10,"data":"last line\n"}"#,
+    );
 }

@@ -10,6 +10,8 @@
 //! configured CA (`nimbus.http.tls.ca`) and name the host called; the client presents its own
 //! certificate when configured (mutual TLS).
 //!
+//! [`LogViewerClient`] calls a supervisor's log viewer the same way (`squall logs`).
+//!
 //! Errors ([`ClientError`]) separate nimbus not answering (retryable) from nimbus refusing
 //! (its `errorMessage` quoted with the status) and an answer this client cannot read.
 
@@ -21,13 +23,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use cluster_state::api::{
     self, BeginUpload, BodyError, ChunkReceived, ClusterSummary, ErrorBody, FinishUpload, HeartbeatAccepted,
-    NimbusSummaries, RebalanceOptions, RebalanceRequest, Route, SubmitTopology, Submitted,
-    SupervisorHeartbeat, SupervisorSummaries, TargetGroup, TopologyDetail, TopologyErrors, TopologyOperation,
-    TopologySummaries, UploadBegun, UploadFinished, UploadId,
+    LogConfigRequest, LogConfigView, LogRead, LogRoute, NimbusSummaries, RebalanceOptions, RebalanceRequest,
+    Route, SubmitTopology, Submitted, SupervisorHeartbeat, SupervisorSummaries, TargetGroup, TopologyDetail,
+    TopologyErrors, TopologyOperation, TopologySummaries, UploadBegun, UploadFinished, UploadId,
+    WorkerLogChunk, WorkerLogFiles,
 };
 use cluster_state::code::CodeFile;
 use cluster_state::ids::TopologyId;
 use cluster_state::tls::ClientTls;
+use cluster_state::worker_logs::LogFile;
 use http_body_util::{BodyExt, Full};
 pub use hyper::StatusCode;
 use hyper::body::Incoming;
@@ -287,6 +291,16 @@ impl NimbusClient {
         self.post_json(route, &RebalanceRequest::new(options)).await
     }
 
+    /// Sets runtime log levels on a topology's workers (Storm's `set_log_level`); the
+    /// topology's levels after the change.
+    pub async fn set_log_config(
+        &self,
+        id: &TopologyId,
+        request: &LogConfigRequest,
+    ) -> Result<LogConfigView, ClientError> {
+        self.post_json(Route::LogConfig(id.clone()), request).await
+    }
+
     /// Uploads `bytes` in chunks (begin, chunks, finish with the SHA-256); returns the upload
     /// id. `progress` gets the bytes sent so far after each chunk.
     pub async fn upload(&self, bytes: &[u8], mut progress: impl FnMut(u64)) -> Result<UploadId, ClientError> {
@@ -395,9 +409,21 @@ impl NimbusClient {
         body: Bytes,
         content_type: Option<&'static str>,
     ) -> Result<Response<Incoming>, ClientError> {
+        self.request_at(address, route.method(), route.path(), body, content_type).await
+    }
+
+    /// Sends `method path_and_query` over a new connection to `address`, with the token.
+    async fn request_at(
+        &self,
+        address: &str,
+        method: hyper::Method,
+        path_and_query: String,
+        body: Bytes,
+        content_type: Option<&'static str>,
+    ) -> Result<Response<Incoming>, ClientError> {
         let mut request = Request::builder()
-            .method(route.method())
-            .uri(route.path())
+            .method(method)
+            .uri(path_and_query)
             .header(header::HOST, address)
             .body(Full::new(body))
             .map_err(|e| Self::unreachable_at(address, format!("bad request: {e}")))?;
@@ -463,6 +489,92 @@ impl NimbusClient {
                 format!("answer not complete within {}s", self.timeout.as_secs()),
             )),
         }
+    }
+}
+
+/// A call to a supervisor's log viewer that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LogViewerError {
+    /// No answer: the supervisor is down, unreachable, or too slow.
+    #[error("cannot reach the supervisor's log viewer at {address}: {reason}")]
+    Unreachable { address: String, reason: String },
+    /// The supervisor answered with an error status (a wrong token, no such worker or file).
+    #[error("the supervisor's log viewer refused {what}: {message} (HTTP {status})")]
+    Refused { what: String, status: StatusCode, message: String },
+    #[error("the supervisor's answer to {what} is not what this client reads: {source}")]
+    BadAnswer { what: String, source: BodyError },
+    /// Its certificate is not trusted, or it refused ours (mutual TLS), or one side is plain.
+    #[error("TLS with the supervisor's log viewer at {address} failed: {reason}")]
+    Tls { address: String, reason: String },
+}
+
+impl LogViewerError {
+    /// The HTTP status of a refusal.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            LogViewerError::Refused { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+impl From<ClientError> for LogViewerError {
+    fn from(e: ClientError) -> Self {
+        match e {
+            ClientError::Unreachable { address, reason } => LogViewerError::Unreachable { address, reason },
+            ClientError::NotLeader { address, message, .. } => {
+                LogViewerError::Unreachable { address, reason: message }
+            }
+            ClientError::Refused { what, status, message } => {
+                LogViewerError::Refused { what, status, message }
+            }
+            ClientError::BadAnswer { what, source } => LogViewerError::BadAnswer { what, source },
+            ClientError::Tls { address, reason } => LogViewerError::Tls { address, reason },
+        }
+    }
+}
+
+/// A supervisor's log viewer (`cluster_state::logviewer`, on the supervisor's HTTP port): a
+/// worker's log files and parts of them, by [`LogRoute`]. HTTPS when `tls` is set (the CA the
+/// supervisors' certificates chain to); the token is the cluster's `nimbus.http.token`.
+#[derive(Debug, Clone)]
+pub struct LogViewerClient {
+    inner: NimbusClient,
+}
+
+impl LogViewerClient {
+    /// A client of the log viewer at `address` (`host:port`, as a topology page's `logViewer`).
+    pub fn new(address: impl Into<String>, token: Option<String>, tls: Option<ClientTls>) -> Self {
+        let mut inner = NimbusClient::new(address, token).with_tls(tls);
+        inner.timeout = Duration::from_secs(30);
+        LogViewerClient { inner }
+    }
+
+    /// The worker's log files.
+    pub async fn files(&self, topology: &TopologyId, port: u16) -> Result<WorkerLogFiles, LogViewerError> {
+        self.get(LogRoute::Files { topology: topology.clone(), port }).await
+    }
+
+    /// Part of one file.
+    pub async fn read(
+        &self,
+        topology: &TopologyId,
+        port: u16,
+        file: LogFile,
+        read: LogRead,
+    ) -> Result<WorkerLogChunk, LogViewerError> {
+        self.get(LogRoute::Read { topology: topology.clone(), port, file, read }).await
+    }
+
+    async fn get<T: DeserializeOwned>(&self, route: LogRoute) -> Result<T, LogViewerError> {
+        let client = &self.inner;
+        let address = &client.address;
+        let what = format!("{} {}", route.method(), route.path_and_query());
+        let response =
+            client.request_at(address, route.method(), route.path_and_query(), Bytes::new(), None).await?;
+        let response = client.check_status_at(address, &what, response).await?;
+        let bytes = client.read_all_at(address, response).await?;
+        api::decode_response(&bytes).map_err(|source| LogViewerError::BadAnswer { what, source })
     }
 }
 

@@ -24,22 +24,22 @@ use std::time::Duration;
 use bytes::Bytes;
 use cluster_state::api::{
     self, BeginUpload, BodyError, ChunkReceived, ClusterConfiguration, ClusterSummary, ComponentPage,
-    ConsumerGroupDetail, ConsumerGroups, ErrorBody, FinishUpload, HeartbeatAccepted, NimbusSummaries,
-    NimbusSummaryView, Operation, RebalanceRequest, ResetPlan, ResetPlanRequest, Route, RouteError,
-    StatsWindow, SubmitTopology, Submitted, SupervisorHeartbeat, SupervisorSummaries, TargetGroup,
-    TopologyDetail, TopologyError, TopologyErrors, TopologyOperation, TopologySummaries, UploadBegun,
-    UploadFinished, UploadId, Visualization,
+    ConsumerGroupDetail, ConsumerGroups, ErrorBody, FinishUpload, HeartbeatAccepted, LogConfigRequest,
+    LogConfigView, NimbusSummaries, NimbusSummaryView, Operation, RebalanceRequest, ResetPlan,
+    ResetPlanRequest, Route, RouteError, StatsWindow, SubmitTopology, Submitted, SupervisorHeartbeat,
+    SupervisorSummaries, TargetGroup, TopologyDetail, TopologyError, TopologyErrors, TopologyOperation,
+    TopologySummaries, UploadBegun, UploadFinished, UploadId, Visualization,
 };
 use cluster_state::code::CodeFile;
 use cluster_state::coord;
-use cluster_state::http::{Peer, ServeOptions};
+use cluster_state::http::{Bearer, Peer, ServeOptions};
 use cluster_state::ids::TopologyId;
 use cluster_state::ids::{ComponentId, GroupId};
 use cluster_state::layout::TaskLayout;
 use cluster_state::paths::KafkaPaths;
 use cluster_state::secrets;
 use cluster_state::structure::{TopologyGraph, TopologyStructure};
-use cluster_state::znode::NimbusSummary;
+use cluster_state::znode::{LogConfig, LoggerLevel, NimbusSummary, ZnodeData};
 use futures::TryStreamExt;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited, StreamBody};
@@ -450,6 +450,10 @@ async fn dispatch(state: &ApiState, request: Request<Incoming>) -> Result<Respon
             };
             ok(&operate(state, &id, Operation::Rebalance, event).await?)
         }
+        Route::LogConfig(id) => {
+            let body: LogConfigRequest = json_body(request, json_limit).await?;
+            ok(&set_log_config(state, &id, body).await?)
+        }
         Route::BeginUpload => {
             let client = request.extensions().get::<Peer>().map(|p| p.0.ip());
             let begun = begin_upload(state, client, json_body(request, json_limit).await?).await?;
@@ -463,6 +467,50 @@ async fn dispatch(state: &ApiState, request: Request<Incoming>) -> Result<Respon
             ok(&finish_upload(state, upload, json_body(request, json_limit).await?).await?)
         }
     }
+}
+
+/// Storm's `set_log_level`: merges the request into `/logconfigs/<id>` (a fenced
+/// compare-and-set; levels whose timeout passed are dropped), which the topology's workers
+/// watch. A timeout ends at nimbus's clock now plus its seconds.
+async fn set_log_config(
+    state: &ApiState,
+    id: &TopologyId,
+    request: LogConfigRequest,
+) -> Result<LogConfigView, ApiError> {
+    const MAX_TIMEOUT_SECS: u64 = 7 * 24 * 3600;
+    let t = &state.transitions;
+    if t.session().exists(&t.paths().storm(id)).await?.is_none() {
+        return Err(unknown_topology(id));
+    }
+    if let Some((name, _)) = request.named_logger_levels.iter().find(|(_, l)| l.timeout > MAX_TIMEOUT_SECS) {
+        return Err(ApiError::bad_request(format!("logger {name}: timeout over {MAX_TIMEOUT_SECS} seconds")));
+    }
+    let path = t.paths().log_config(id);
+    let now_ms = cluster_state::clock::now_millis();
+    let current = match t.session().get(&path).await {
+        Ok((bytes, stat)) => Some((LogConfig::decode(&path, &bytes).unwrap_or_default(), stat.version)),
+        Err(coord::Error::NoNode { .. }) => None,
+        Err(e) => return Err(e.into()),
+    };
+    let mut config = current.as_ref().map(|(c, _)| c.clone()).unwrap_or_default().without_expired(now_ms);
+    for (name, level) in request.named_logger_levels {
+        let reset = (level.timeout > 0).then(|| now_ms.saturating_add(level.timeout.saturating_mul(1000)));
+        config.named_logger_level.insert(
+            name,
+            LoggerLevel { target_log_level: level.target_level, reset_log_level_timeout_epoch_ms: reset },
+        );
+    }
+    let bytes = config.encode();
+    match current {
+        Some((_, version)) => {
+            leader::set(t.session(), &state.leadership, &path, &bytes, Some(version)).await?
+        }
+        None => {
+            t.session().ensure_path(&t.paths().log_configs_dir()).await?;
+            leader::create(t.session(), &state.leadership, &path, &bytes).await?
+        }
+    }
+    Ok(LogConfigView::from(&config))
 }
 
 fn unknown_topology(id: &TopologyId) -> ApiError {
@@ -813,31 +861,18 @@ async fn finish_upload(
 
 fn authorize(state: &ApiState, request: &Request<Incoming>) -> Result<(), ApiError> {
     let Some(token) = &state.config.token else { return Ok(()) };
-    // RFC 7235: the scheme is case-insensitive, and one or more spaces separate it.
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim_start_matches(' '));
-    match given {
-        Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => Ok(()),
-        Some(_) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "the bearer token is wrong")),
-        None if request.method() == Method::POST => Err(ApiError::new(
+    match cluster_state::http::check_bearer(request.headers(), token) {
+        Bearer::Valid => Ok(()),
+        Bearer::Wrong => Err(ApiError::new(StatusCode::UNAUTHORIZED, "the bearer token is wrong")),
+        Bearer::Missing if request.method() == Method::POST => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "this call changes the cluster and needs \"Authorization: Bearer <token>\"",
         )),
-        None => Err(ApiError::new(
+        Bearer::Missing => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "topology code is served only with \"Authorization: Bearer <token>\"",
         )),
     }
-}
-
-/// Compares without an early exit, so timing does not reveal how much of a guess was right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Reads a body of at most `limit` bytes; a declared or actual larger one is a 413.
@@ -870,9 +905,17 @@ mod tests {
 
     #[test]
     fn tokens_compare_in_full() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
+        let check = |value: &str| {
+            let mut headers = hyper::HeaderMap::new();
+            headers.insert(header::AUTHORIZATION, value.parse().unwrap());
+            cluster_state::http::check_bearer(&headers, "secret")
+        };
+        assert_eq!(check("Bearer secret"), Bearer::Valid);
+        assert_eq!(check("bearer   secret"), Bearer::Valid);
+        assert_eq!(check("Bearer secreT"), Bearer::Wrong);
+        assert_eq!(check("Bearer secret2"), Bearer::Wrong);
+        assert_eq!(check("Basic secret"), Bearer::Missing);
+        assert_eq!(cluster_state::http::check_bearer(&hyper::HeaderMap::new(), "secret"), Bearer::Missing);
     }
 
     #[test]

@@ -18,13 +18,14 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use cluster_state::api::{
-    BoltSummary, BoltWindowStats, ComponentPage, ExecutorSummary, LastError, SpoutSummary, StatsWindow,
-    TopologyDetail, TopologyError, Visualization, VisualizationInput, VisualizationNode, VisualizationStat,
-    WindowStats, WorkerSummary, storm_decimal,
+    BoltSummary, BoltWindowStats, ComponentPage, ExecutorSummary, LastError, LogRead, LogRoute, SpoutSummary,
+    StatsWindow, TopologyDetail, TopologyError, Visualization, VisualizationInput, VisualizationNode,
+    VisualizationStat, WindowStats, WorkerSummary, storm_decimal,
 };
 use cluster_state::ids::{ComponentId, ExecutorId, SupervisorId, TopologyId, WorkerSlot};
 use cluster_state::layout::TaskLayout;
 use cluster_state::structure::{ComponentKind, TopologyGraph};
+use cluster_state::worker_logs::LogFile;
 use cluster_state::znode::{Assignment, ExecutorStats, StormBase, SupervisorInfo};
 
 use crate::views::pretty_uptime;
@@ -410,6 +411,21 @@ pub fn fill_topology(detail: &mut TopologyDetail, inputs: &TopologyInputs<'_>, w
                 *tasks.entry(row.component.clone()).or_default() += row.executor.tasks().count() as u64;
             }
             let uptime = uptimes.get(slot).copied();
+            let supervisor = inputs.supervisors.get(&slot.node);
+            let log_viewer = supervisor.and_then(|s| s.metrics_endpoint.clone());
+            let log_viewer_scheme = supervisor.map(|s| s.metrics_scheme).unwrap_or_default();
+            let worker_log_link = log_viewer
+                .as_ref()
+                .map(|endpoint| {
+                    let route = LogRoute::Read {
+                        topology: inputs.id.clone(),
+                        port: slot.port,
+                        file: LogFile::LOG,
+                        read: LogRead::default(),
+                    };
+                    format!("{}://{endpoint}{}", log_viewer_scheme.as_str(), route.path_and_query())
+                })
+                .unwrap_or_default();
             WorkerSummary {
                 supervisor_id: slot.node.clone(),
                 host: rows.first().map(|r| r.host.clone()).unwrap_or_default(),
@@ -420,6 +436,9 @@ pub fn fill_topology(detail: &mut TopologyDetail, inputs: &TopologyInputs<'_>, w
                 component_num_tasks: tasks,
                 uptime: uptime.map(pretty_uptime).unwrap_or_default(),
                 uptime_seconds: uptime.unwrap_or(0),
+                worker_log_link,
+                log_viewer,
+                log_viewer_scheme,
             }
         })
         .collect();

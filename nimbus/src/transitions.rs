@@ -251,6 +251,7 @@ impl Transitions {
         }
         leader::delete_recursive(session, leadership, &self.paths.workerbeats_topology(id)).await?;
         leader::delete_recursive(session, leadership, &self.paths.errors_topology(id)).await?;
+        leader::delete_recursive(session, leadership, &self.paths.log_config(id)).await?;
         leader::delete_recursive(session, leadership, &self.paths.blobstore_topology(id)).await?;
         self.code.remove(id).await?;
         Ok(())

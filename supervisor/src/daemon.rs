@@ -400,9 +400,15 @@ pub async fn run(
     let metrics_scheme = MetricsScheme::from_tls(metrics_tls.is_some());
     // Every task of the supervisor, awaited before `run` returns.
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(cluster_state::metrics::serve_tls(
+    // The same port serves the log viewer (its routes need the cluster's token, when set).
+    let viewer = cluster_state::logviewer::LogViewer {
+        local_dir: config.local_dir.clone(),
+        token: config.nimbus_token.clone(),
+    };
+    tasks.spawn(cluster_state::logviewer::serve(
         listener,
         registry.clone(),
+        viewer,
         metrics_tls,
         shutdown.child_token(),
     ));
@@ -425,6 +431,16 @@ pub async fn run(
         heartbeat_interval: Duration::from_secs(config.heartbeat_frequency_secs),
     };
     tasks.spawn(registration.run(shutdown.child_token()));
+    // Workers rotate their worker.log; their stdout and stderr the supervisor does.
+    let out_rotation = crate::out_rotation::OutRotation {
+        local_dir: config.local_dir.clone(),
+        rotation: worker_logs::LogRotation {
+            max_bytes: config.worker_log_max_bytes,
+            max_files: config.worker_log_max_files,
+        },
+        interval: Duration::from_secs(config.monitor_frequency_secs),
+    };
+    tasks.spawn(out_rotation.run(shutdown.child_token()));
     // The aggregated heartbeat of this supervisor's workers, to the leader nimbus.
     let (workers_tx, workers_rx) = watch::channel(running_workers(&process));
     let heartbeat_interval = Duration::from_secs(config.heartbeat_frequency_secs);

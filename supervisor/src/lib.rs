@@ -16,6 +16,10 @@
 //! - [`launch`]: the [`launch::Launcher`] trait and the process launcher (no shell, own
 //!   process group and log file, TERM then KILL, adoption by pid after a restart).
 //! - [`metrics`]: `squall_supervisor_*` (workers running, launches, kills, slots).
+//! - [`out_rotation`]: every worker's `worker.log.out` (stdout and stderr) copied and truncated
+//!   past `worker.log.max.bytes`, keeping `worker.log.max.files`.
+//! - The supervisor's HTTP port (`/metrics` and the workers' log viewer) is
+//!   `cluster_state::logviewer`.
 //! - [`local_state`]: the durable local state file (atomic replace, checksummed, corruption
 //!   reported, never a crash).
 //! - [`process_task`]: the process task: heartbeats -> plan -> launcher actions, recorded in the
@@ -38,6 +42,7 @@ pub mod heartbeat;
 pub mod launch;
 pub mod local_state;
 pub mod metrics;
+pub mod out_rotation;
 pub mod plan;
 pub mod process_task;
 pub mod registration;

@@ -400,13 +400,52 @@ impl Bolt for Filter {
     }
 }
 
-/// Logs every tuple at `info` through `tracing`, then acks.
+/// Logs every tuple at `info` through `tracing` (target `worker::builtin`), then acks.
 #[derive(Debug, Default)]
 pub struct LogSink;
 
 impl Bolt for LogSink {
     fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
-        tracing::info!(component = %input.source_component(), stream = input.source_stream(), values = ?input.values(), "tuple");
+        LogSinkAt::default().execute(input, out)
+    }
+}
+
+/// The `log` bolt: every tuple logged at `level` (its `level` param, `info` by default), then
+/// acked.
+#[derive(Debug, Default)]
+pub struct LogSinkAt {
+    pub level: LogSinkLevel,
+}
+
+/// The `log` bolt's params: `{level: debug}` (trace, debug, info, warn, error; default info).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogSinkLevel {
+    Trace,
+    Debug,
+    #[default]
+    Info,
+    Warn,
+    Error,
+}
+
+/// The `log` bolt's params.
+#[derive(Debug, Clone, Copy, Default, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSinkParams {
+    pub level: LogSinkLevel,
+}
+
+impl Bolt for LogSinkAt {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        let (component, stream, values) = (input.source_component(), input.source_stream(), input.values());
+        match self.level {
+            LogSinkLevel::Trace => tracing::trace!(component = %component, stream, values = ?values, "tuple"),
+            LogSinkLevel::Debug => tracing::debug!(component = %component, stream, values = ?values, "tuple"),
+            LogSinkLevel::Info => tracing::info!(component = %component, stream, values = ?values, "tuple"),
+            LogSinkLevel::Warn => tracing::warn!(component = %component, stream, values = ?values, "tuple"),
+            LogSinkLevel::Error => tracing::error!(component = %component, stream, values = ?values, "tuple"),
+        }
         out.ack(input);
         Ok(())
     }

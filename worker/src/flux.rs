@@ -38,8 +38,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::builtin::{
-    Filter, FilterParams, LogSink, SentenceParams, SentenceSpout, SplitParams, SplitSentence, StdoutSink,
-    WordCount, WordCountParams,
+    Filter, FilterParams, LogSink, LogSinkAt, LogSinkParams, SentenceParams, SentenceSpout, SplitParams,
+    SplitSentence, StdoutSink, WordCount, WordCountParams,
 };
 use crate::component::{Bolt, BoltFactory, Spout, SpoutFactory};
 use crate::config::TopologyConfig;
@@ -128,8 +128,8 @@ impl Registry {
             }))
         });
         r.register_bolt("log", |p| {
-            no_params(p)?;
-            Ok(Arc::new(|| Box::new(LogSink) as Box<dyn Bolt>))
+            let params: LogSinkParams = if p.is_null() { LogSinkParams::default() } else { parse_params(p)? };
+            Ok(Arc::new(move || Box::new(LogSinkAt { level: params.level }) as Box<dyn Bolt>))
         });
         r.register_bolt("stdout", |p| {
             no_params(p)?;

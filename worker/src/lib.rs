@@ -62,6 +62,7 @@ mod executor;
 pub mod flux;
 pub mod grouping;
 pub mod layout;
+pub mod log_levels;
 pub mod metrics;
 pub mod multilang;
 mod pending;

@@ -306,7 +306,12 @@ pub async fn run(
     cluster_state::metrics::register_daemon_info(metrics, "worker")?;
     let coord_metrics = cluster_state::metrics::CoordMetrics::register(metrics)?;
     let session = ensemble.connect(&args.session).await?.instrument(coord_metrics);
-    let result = run_session(&args, &config, topology, &session, &paths, metrics, &shutdown).await;
+    // Runtime log levels follow /logconfigs/<id> on the same session, for as long as it runs.
+    let levels = crate::log_levels::follow(&session, &paths, &args.topology_id);
+    let result = tokio::select! {
+        result = run_session(&args, &config, topology, &session, &paths, metrics, &shutdown) => result,
+        never = levels => match never {},
+    };
     // Bounded: a worker must exit even while ZooKeeper is down.
     session.close_within(cluster_state::coord::SHUTDOWN_CLOSE_BOUND).await;
     result

@@ -352,6 +352,17 @@ pub struct WorkerSummary {
     /// Empty and 0 until the worker has reported.
     pub uptime: String,
     pub uptime_seconds: u64,
+    /// Storm UI's link to the worker's log: its supervisor's log viewer, the last lines of
+    /// `worker.log`; empty when the supervisor publishes no HTTP endpoint.
+    #[serde(default)]
+    pub worker_log_link: String,
+    /// `host:port` of the supervisor's log viewer (its HTTP port, beside `/metrics`), which
+    /// `squall logs` calls with [`crate::api::LogRoute`]s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_viewer: Option<String>,
+    /// How `logViewer` is served (`"logViewerScheme":"https"`; absent: HTTP).
+    #[serde(default, skip_serializing_if = "crate::znode::MetricsScheme::is_http")]
+    pub log_viewer_scheme: crate::znode::MetricsScheme,
 }
 
 /// `GET /api/v1/topology/:id/component/:component[?window=600]`: Storm UI's component page.
@@ -961,4 +972,104 @@ impl SupervisorHeartbeat {
 #[serde(rename_all = "camelCase")]
 pub struct HeartbeatAccepted {
     pub workers: usize,
+}
+
+/// `GET /api/v1/logs/:topology-id/:port` on a supervisor: the worker's log files present, live
+/// ones first, then rotated ones newest first.
+///
+/// ```json
+/// {"topologyId":"wc-1-1700000000","port":6700,
+///  "files":[{"file":"worker.log","size":1200},{"file":"worker.log.1","size":104857500}]}
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerLogFiles {
+    pub topology_id: TopologyId,
+    pub port: u16,
+    pub files: Vec<WorkerLogFile>,
+}
+
+/// One file of [`WorkerLogFiles`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerLogFile {
+    pub file: crate::worker_logs::LogFile,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// `GET /api/v1/logs/:topology-id/:port/:file[?...]` on a supervisor: part of a worker's log.
+/// `start` and `length` are the bytes of the file returned (a tail's `start` is where its first
+/// line begins); `fileSize` is the file's size when read, so a client following it asks from
+/// `start + length` next. `data` is the bytes as text (invalid UTF-8 replaced).
+///
+/// ```json
+/// {"topologyId":"wc-1-1700000000","port":6700,"file":"worker.log","fileSize":5120,
+///  "start":5000,"length":120,"data":"2026-11-23T21:00:00Z INFO ...\n"}
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerLogChunk {
+    pub topology_id: TopologyId,
+    pub port: u16,
+    pub file: crate::worker_logs::LogFile,
+    pub file_size: u64,
+    pub start: u64,
+    pub length: u64,
+    pub data: String,
+}
+
+/// `POST /api/v1/topology/:id/logconfig` (Storm UI's, `storm set_log_level`): levels to set on
+/// the topology's running workers, by logger (`ROOT` or a module path).
+///
+/// ```json
+/// {"namedLoggerLevels":{"kafka_spout":{"target_level":"DEBUG","timeout":30}}}
+/// ```
+/// `timeout` is in seconds, 0 (the default) for ever; a logger not named keeps what it had.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LogConfigRequest {
+    pub named_logger_levels: BTreeMap<crate::znode::LoggerName, LoggerLevelRequest>,
+}
+
+/// One logger of a [`LogConfigRequest`] (Storm's keys).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoggerLevelRequest {
+    pub target_level: crate::znode::LogLevel,
+    #[serde(default)]
+    pub timeout: u64,
+}
+
+/// The answer to a [`LogConfigRequest`]: the topology's levels now, each with the epoch (ms)
+/// it ends at, if it does.
+///
+/// ```json
+/// {"namedLoggerLevels":{"kafka_spout":{"target_level":"DEBUG","timeout_epoch":1700000030000}}}
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogConfigView {
+    pub named_logger_levels: BTreeMap<crate::znode::LoggerName, LoggerLevelView>,
+}
+
+/// One logger of a [`LogConfigView`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoggerLevelView {
+    pub target_level: crate::znode::LogLevel,
+    #[serde(default)]
+    pub timeout_epoch: Option<u64>,
+}
+
+impl From<&crate::znode::LogConfig> for LogConfigView {
+    fn from(config: &crate::znode::LogConfig) -> Self {
+        let levels = config.named_logger_level.iter().map(|(name, level)| {
+            let view = LoggerLevelView {
+                target_level: level.target_log_level,
+                timeout_epoch: level.reset_log_level_timeout_epoch_ms,
+            };
+            (name.clone(), view)
+        });
+        LogConfigView { named_logger_levels: levels.collect() }
+    }
 }

@@ -11,6 +11,8 @@
 //! - [`bodies`]: the request bodies (unknown fields refused where no Storm client sends extra
 //!   ones) and response bodies (unknown fields ignored, so a field can be added without breaking
 //!   older clients), with Storm UI's key names.
+//! - [`LogRoute`]: the supervisors' log viewer (a worker's log by topology id, port and
+//!   [`crate::worker_logs::LogFile`]), served beside their `/metrics`.
 //! - [`UploadId`]: the server-made id of a chunked upload.
 //! - [`decode_request`] / [`decode_response`]: JSON decoding whose errors name the field at
 //!   fault (`executors.split: invalid type: ...`).
@@ -32,7 +34,10 @@ use uuid::Uuid;
 use crate::ids::IdError;
 
 pub use bodies::*;
-pub use routes::{InvalidSegment, Route, RouteError, ui_templates, window_from_query};
+pub use routes::{
+    DEFAULT_TAIL_LINES, InvalidSegment, LogRead, LogRoute, MAX_READ_BYTES, MAX_TAIL_LINES, Route, RouteError,
+    ui_templates, window_from_query,
+};
 
 /// The root of every route's path (Storm UI's). Clients build valid paths with [`Route::path`];
 /// this is exported for tests that must send paths no `Route` can make (`{API_PREFIX}/topology/..`).

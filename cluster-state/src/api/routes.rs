@@ -21,9 +21,20 @@
 //! POST /api/v1/topology/:id/activate | deactivate -> TopologyOperation
 //! POST /api/v1/topology/:id/kill/:wait-time       -> TopologyOperation
 //! POST /api/v1/topology/:id/rebalance/:wait-time  RebalanceRequest -> TopologyOperation
+//! POST /api/v1/topology/:id/logconfig             LogConfigRequest -> LogConfigView
 //! POST /api/v1/uploads                            BeginUpload -> 201 UploadBegun
 //! POST /api/v1/uploads/:upload-id/chunks/:offset  raw bytes -> ChunkReceived
 //! POST /api/v1/uploads/:upload-id/finish          FinishUpload -> UploadFinished
+//! ```
+//!
+//! A supervisor's log viewer ([`LogRoute`], served on the supervisor's HTTP port beside its
+//! `/metrics`; every call needs the cluster's token when one is set):
+//!
+//! ```text
+//! GET  /api/v1/logs/:topology-id/:port                     WorkerLogFiles (the worker's files)
+//! GET  /api/v1/logs/:topology-id/:port/:file[?lines=N]     WorkerLogChunk (the last N lines)
+//! GET  /api/v1/logs/:topology-id/:port/:file?start=S&length=L  WorkerLogChunk (a byte range)
+//! GET  /api/v1/logs/:topology-id/:port/:file/download      the whole file, raw bytes
 //! ```
 
 use hyper::Method;
@@ -33,6 +44,7 @@ use std::collections::BTreeMap;
 use crate::api::{API_PREFIX, StatsWindow, UploadId};
 use crate::code::CodeFile;
 use crate::ids::{ComponentId, GroupId, IdError, TopologyId};
+use crate::worker_logs::{LogFile, UnknownLogFile};
 
 /// One resource of the API, its path segments typed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,10 +67,21 @@ pub enum Route {
     SupervisorHeartbeat,
     Activate(TopologyId),
     Deactivate(TopologyId),
-    Kill { id: TopologyId, wait_secs: u64 },
-    Rebalance { id: TopologyId, wait_secs: u64 },
+    Kill {
+        id: TopologyId,
+        wait_secs: u64,
+    },
+    Rebalance {
+        id: TopologyId,
+        wait_secs: u64,
+    },
+    /// Storm's `set_log_level`: runtime log levels of a topology's workers.
+    LogConfig(TopologyId),
     BeginUpload,
-    Chunk { upload: UploadId, offset: u64 },
+    Chunk {
+        upload: UploadId,
+        offset: u64,
+    },
     FinishUpload(UploadId),
 }
 
@@ -93,6 +116,14 @@ pub enum InvalidSegment {
     /// A `window` query parameter nimbus keeps no stats for.
     #[error("{0}")]
     Window(String),
+    #[error("port {0:?}: a number from 1 to 65535 is required")]
+    Port(String),
+    /// Not one of a worker's log files (the log viewer answers 404).
+    #[error("{0}")]
+    LogFile(UnknownLogFile),
+    /// A log read's query (`lines`, `start`, `length`) that is malformed or over its bound.
+    #[error("{0}")]
+    LogRead(String),
 }
 
 /// Digits only: `u64::from_str` would also take `+3`.
@@ -134,6 +165,7 @@ impl Route {
             | Deactivate(_)
             | Kill { .. }
             | Rebalance { .. }
+            | LogConfig(_)
             | BeginUpload
             | Chunk { .. }
             | FinishUpload(_) => Method::POST,
@@ -163,6 +195,7 @@ impl Route {
             Route::Deactivate(id) => format!("topology/{id}/deactivate"),
             Route::Kill { id, wait_secs } => format!("topology/{id}/kill/{wait_secs}"),
             Route::Rebalance { id, wait_secs } => format!("topology/{id}/rebalance/{wait_secs}"),
+            Route::LogConfig(id) => format!("topology/{id}/logconfig"),
             Route::BeginUpload => "uploads".to_owned(),
             Route::Chunk { upload, offset } => format!("uploads/{upload}/chunks/{offset}"),
             Route::FinishUpload(upload) => format!("uploads/{upload}/finish"),
@@ -211,6 +244,7 @@ impl Route {
             ),
             ["topology", id, "activate"] => (post, topology(id).map(Route::Activate)),
             ["topology", id, "deactivate"] => (post, topology(id).map(Route::Deactivate)),
+            ["topology", id, "logconfig"] => (post, topology(id).map(Route::LogConfig)),
             ["topology", id, "kill", wait] => {
                 (post, topology(id).and_then(|id| Ok(Route::Kill { id, wait_secs: wait_time(wait)? })))
             }
@@ -230,6 +264,153 @@ impl Route {
             _ => return Err(not_found()),
         };
         route.map_err(|segment| RouteError::Invalid { method, segment })
+    }
+}
+
+/// The last lines a log read returns unless told (`?lines=N`).
+pub const DEFAULT_TAIL_LINES: u32 = 100;
+/// The most lines one read may ask for.
+pub const MAX_TAIL_LINES: u32 = 10_000;
+/// The most bytes one read returns: a byte range may not ask for more, and a tail returns at most
+/// the lines that fit in it.
+pub const MAX_READ_BYTES: u64 = 1024 * 1024;
+
+/// What part of a log file a read returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogRead {
+    /// The last `lines` lines (1 to [`MAX_TAIL_LINES`]), within the last [`MAX_READ_BYTES`].
+    Tail { lines: u32 },
+    /// `length` bytes (1 to [`MAX_READ_BYTES`]) from byte `start`; fewer at the file's end.
+    Range { start: u64, length: u64 },
+}
+
+impl Default for LogRead {
+    fn default() -> Self {
+        LogRead::Tail { lines: DEFAULT_TAIL_LINES }
+    }
+}
+
+impl LogRead {
+    /// Checks the bounds.
+    pub fn validate(self) -> Result<LogRead, InvalidSegment> {
+        match self {
+            LogRead::Tail { lines } if lines == 0 || lines > MAX_TAIL_LINES => {
+                Err(InvalidSegment::LogRead(format!("lines {lines}: from 1 to {MAX_TAIL_LINES}")))
+            }
+            LogRead::Range { length, .. } if length == 0 || length > MAX_READ_BYTES => {
+                Err(InvalidSegment::LogRead(format!("length {length}: from 1 to {MAX_READ_BYTES} bytes")))
+            }
+            read => Ok(read),
+        }
+    }
+
+    /// Reads a query string: `lines=N`, or `start=S&length=L` (both), or nothing (the default
+    /// tail). Other parameters are refused, so a typo is not silently a default read.
+    pub fn from_query(query: Option<&str>) -> Result<LogRead, InvalidSegment> {
+        let (mut lines, mut start, mut length) = (None, None, None);
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let slot = match key {
+                "lines" => &mut lines,
+                "start" => &mut start,
+                "length" => &mut length,
+                _ => {
+                    return Err(InvalidSegment::LogRead(format!(
+                        "unknown parameter {:?}: lines, or start and length",
+                        key.chars().take(40).collect::<String>()
+                    )));
+                }
+            };
+            let number = whole_number(value).ok_or_else(|| {
+                InvalidSegment::LogRead(format!(
+                    "{key} {:?}: a non-negative integer is required",
+                    value.chars().take(40).collect::<String>()
+                ))
+            })?;
+            *slot = Some(number);
+        }
+        let read = match (lines, start, length) {
+            (None, None, None) => LogRead::default(),
+            (Some(lines), None, None) => LogRead::Tail { lines: u32::try_from(lines).unwrap_or(u32::MAX) },
+            (None, Some(start), Some(length)) => LogRead::Range { start, length },
+            _ => {
+                return Err(InvalidSegment::LogRead("either lines, or start and length together".to_owned()));
+            }
+        };
+        read.validate()
+    }
+
+    /// The query string that [`LogRead::from_query`] reads back (no `?`).
+    pub fn query(self) -> String {
+        match self {
+            LogRead::Tail { lines } => format!("lines={lines}"),
+            LogRead::Range { start, length } => format!("start={start}&length={length}"),
+        }
+    }
+}
+
+/// A resource of a supervisor's log viewer (Storm's logviewer): a worker is named by topology
+/// id and port, a file by [`LogFile`]; no client ever names a path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogRoute {
+    /// The worker's log files with their sizes.
+    Files { topology: TopologyId, port: u16 },
+    /// Part of one file.
+    Read { topology: TopologyId, port: u16, file: LogFile, read: LogRead },
+    /// One whole file.
+    Download { topology: TopologyId, port: u16, file: LogFile },
+}
+
+fn port(value: &str) -> Result<u16, InvalidSegment> {
+    whole_number(value)
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|p| *p > 0)
+        .ok_or_else(|| InvalidSegment::Port(value.chars().take(40).collect()))
+}
+
+fn log_file(value: &str) -> Result<LogFile, InvalidSegment> {
+    value.parse().map_err(InvalidSegment::LogFile)
+}
+
+impl LogRoute {
+    /// Every log route is a GET.
+    pub fn method(&self) -> Method {
+        Method::GET
+    }
+
+    /// The request path with its query (a read's `lines` or `start` and `length`).
+    pub fn path_and_query(&self) -> String {
+        match self {
+            LogRoute::Files { topology, port } => format!("{API_PREFIX}/logs/{topology}/{port}"),
+            LogRoute::Read { topology, port, file, read } => {
+                format!("{API_PREFIX}/logs/{topology}/{port}/{file}?{}", read.query())
+            }
+            LogRoute::Download { topology, port, file } => {
+                format!("{API_PREFIX}/logs/{topology}/{port}/{file}/download")
+            }
+        }
+    }
+
+    /// Reads a request's path and query. `Ok(None)`: not a log viewer path at all.
+    pub fn parse(path: &str, query: Option<&str>) -> Result<Option<LogRoute>, InvalidSegment> {
+        let Some(rest) = path.strip_prefix(API_PREFIX).and_then(|p| p.strip_prefix("/logs/")) else {
+            return Ok(None);
+        };
+        let segments: Vec<&str> = rest.split('/').collect();
+        let route = match segments.as_slice() {
+            [id, p] => LogRoute::Files { topology: topology(id)?, port: port(p)? },
+            [id, p, file] => LogRoute::Read {
+                topology: topology(id)?,
+                port: port(p)?,
+                file: log_file(file)?,
+                read: LogRead::from_query(query)?,
+            },
+            [id, p, file, "download"] => {
+                LogRoute::Download { topology: topology(id)?, port: port(p)?, file: log_file(file)? }
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(route))
     }
 }
 
@@ -321,7 +502,8 @@ mod tests {
             Route::Activate(id.clone()),
             Route::Deactivate(id.clone()),
             Route::Kill { id: id.clone(), wait_secs: 0 },
-            Route::Rebalance { id, wait_secs: u64::MAX },
+            Route::Rebalance { id: id.clone(), wait_secs: u64::MAX },
+            Route::LogConfig(id),
             Route::BeginUpload,
             Route::Chunk { upload, offset: 8_388_608 },
             Route::FinishUpload(upload),
@@ -363,6 +545,7 @@ mod tests {
                 "POST /api/v1/topology/wc-1-1700000000/deactivate",
                 "POST /api/v1/topology/wc-1-1700000000/kill/0",
                 "POST /api/v1/topology/wc-1-1700000000/rebalance/18446744073709551615",
+                "POST /api/v1/topology/wc-1-1700000000/logconfig",
                 "POST /api/v1/uploads",
                 "POST /api/v1/uploads/123e4567-e89b-42d3-a456-426614174000/chunks/8388608",
                 "POST /api/v1/uploads/123e4567-e89b-42d3-a456-426614174000/finish",
@@ -402,6 +585,63 @@ mod tests {
             assert_eq!(m, method, "{path}");
             assert!(message.contains(says), "{path}: {message}");
         }
+    }
+
+    #[test]
+    fn log_routes_round_trip_and_name_what_is_wrong() {
+        let topology: TopologyId = "wc-1-1700000000".parse().unwrap();
+        let routes = [
+            LogRoute::Files { topology: topology.clone(), port: 6700 },
+            LogRoute::Read {
+                topology: topology.clone(),
+                port: 6700,
+                file: LogFile::LOG,
+                read: LogRead::default(),
+            },
+            LogRoute::Read {
+                topology: topology.clone(),
+                port: 1,
+                file: LogFile::Log(3),
+                read: LogRead::Range { start: 0, length: MAX_READ_BYTES },
+            },
+            LogRoute::Download { topology: topology.clone(), port: 65535, file: LogFile::Out(2) },
+        ];
+        for route in routes {
+            let full = route.path_and_query();
+            let (path, query) = full.split_once('?').map_or((full.as_str(), None), |(p, q)| (p, Some(q)));
+            assert_eq!(LogRoute::parse(path, query), Ok(Some(route.clone())), "{full}");
+        }
+        assert_eq!(
+            LogRoute::Download { topology: topology.clone(), port: 6700, file: LogFile::OUT }
+                .path_and_query(),
+            "/api/v1/logs/wc-1-1700000000/6700/worker.log.out/download"
+        );
+        assert_eq!(LogRoute::parse("/metrics", None), Ok(None));
+        assert_eq!(LogRoute::parse("/api/v1/logs/wc-1-1/6700/worker.log/x/y", None), Ok(None));
+        let prefix = format!("{API_PREFIX}/logs");
+        for (path, query, says) in [
+            (format!("{prefix}/../6700"), None, "topology id"),
+            (format!("{prefix}/wc-1-1/0"), None, "port \"0\""),
+            (format!("{prefix}/wc-1-1/65536/worker.log"), None, "port"),
+            (format!("{prefix}/wc-1-1/+1/worker.log"), None, "port"),
+            (format!("{prefix}/wc-1-1/6700/..%2f..%2fetc%2fpasswd"), None, "unknown log file"),
+            (format!("{prefix}/wc-1-1/6700/worker.log.01"), None, "unknown log file"),
+            (format!("{prefix}/wc-1-1/6700/worker.log.sha256"), None, "unknown log file"),
+            (format!("{prefix}/wc-1-1/6700/worker.log"), Some("lines=10001"), "lines 10001"),
+            (format!("{prefix}/wc-1-1/6700/worker.log"), Some("lines=0"), "lines 0"),
+            (format!("{prefix}/wc-1-1/6700/worker.log"), Some("start=0&length=1048577"), "length 1048577"),
+            (format!("{prefix}/wc-1-1/6700/worker.log"), Some("start=0"), "start and length together"),
+            (format!("{prefix}/wc-1-1/6700/worker.log"), Some("line=5"), "unknown parameter \"line\""),
+            (format!("{prefix}/wc-1-1/6700/worker.log"), Some("lines=-1"), "non-negative integer"),
+        ] {
+            let message = LogRoute::parse(&path, query).unwrap_err().to_string();
+            assert!(message.contains(says), "{path}?{query:?}: {message}");
+        }
+        let files: Vec<LogFile> = ["worker.log", "worker.log.9", "worker.log.out", "worker.log.out.12"]
+            .iter()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        assert_eq!(files, [LogFile::LOG, LogFile::Log(9), LogFile::OUT, LogFile::Out(12)]);
     }
 
     #[test]

@@ -20,6 +20,7 @@
 //! them) and leaves no fallible call on the encode path. Decoding uses serde.
 
 pub mod kafka;
+pub mod log_config;
 pub mod storm;
 
 use std::fmt;
@@ -33,6 +34,7 @@ pub use kafka::{
     BrokerRegistration, ConsumerRegistration, OffsetData, OffsetSnapshot, OwnerData, SubscriptionPattern,
     TopicRegistration,
 };
+pub use log_config::{LogConfig, LogLevel, LoggerLevel, LoggerName};
 pub use storm::{
     Assignment, DelayedTransition, ErrorInfo, ExecutorAssignment, ExecutorStats, LocalWorkerHeartbeat,
     MetricsScheme, NimbusSummary, StormBase, SupervisorInfo, TopologyStatus, WorkerHeartbeat,
