@@ -688,11 +688,13 @@ async fn run(s: usize, window: Duration) -> Figures {
     );
     // Close the sessions of every tenth supervisor; time until no assignment names them.
     let dead: BTreeSet<SupervisorId> = supervisors.iter().step_by(10).map(|s| s.id.clone()).collect();
+    // Read before the kill (retried: a read under this load can time out).
+    let (executors, to_move) =
+        eventually(Duration::from_secs(60), "the assignments", || on_dead(&session, &dead)).await;
     let killed = Instant::now();
     for sup in supervisors.iter().step_by(10) {
         sup.cancel.cancel();
     }
-    let (executors, to_move) = on_dead(&session, &dead).await.unwrap();
     let counters = |page: &str| {
         [
             "squall_nimbus_executors_reassigned_total",
