@@ -3,10 +3,11 @@
 //! syncing assignments and sending aggregated heartbeats through the supervisor crate's own
 //! code ([`Registration`], [`SyncLoop`], [`Reporter`]), with a [`Node`] that runs simulated
 //! workers instead of processes. Topologies (word count: 10 Kafka spouts, 100 split, 100
-//! count and 100 ackers on 100 workers) fill the 10 slots of every supervisor; each spout task
+//! count and 100 ackers on 100 workers) fill 90% of the 10 slots of every supervisor (so the
+//! workers of the 10% of supervisors killed at the end have free slots to go to); each spout task
 //! is a real consumer-registry [`Member`] owning one partition and committing its offset
 //! through [`consumer_registry::OffsetStore::commit`] every `offsets.commit.interval.ms`
-//! (2 s) as the Kafka spout does; each simulated worker writes its `/storm/workerbeats` node
+//! (2 s, or `SQUALL_SCALE_COMMIT_MS`) as the Kafka spout does; each simulated worker writes its `/storm/workerbeats` node
 //! under the worker's own rule ([`WorkerbeatThrottle`], `squall.workerbeats.zk.secs` 60),
 //! from a small pool of sessions (a real worker has a session of its own; sessions cost no
 //! transactions but their creation).
@@ -16,7 +17,9 @@
 //! nimbus CPU per second and RSS (`/proc`), monitor pass p50 / p99
 //! (`squall_nimbus_monitor_pass_duration_seconds`), time from the first submit to every
 //! simulated worker reporting (`squall_nimbus_workers_reported`), and time from closing the
-//! sessions of 10% of the supervisors until no assignment names them; then the goals.
+//! sessions of 10% of the supervisors until no assignment names them and every executor is
+//! assigned again, with the executors nimbus moved meanwhile (ideally exactly those that were
+//! on the dead supervisors); then the goals.
 //!
 //! `cargo bench -p squall-cli --bench scale` (release). Environment: `SQUALL_SCALE_S`
 //! (default `10,100,500,2000`), `SQUALL_SCALE_WINDOW_SECS` (steady-state window, 120),
@@ -56,6 +59,10 @@ use tokio_util::sync::CancellationToken;
 
 const SQUALL: &str = env!("CARGO_BIN_EXE_squall");
 const SLOTS: u16 = 10;
+/// Slots the topologies fill, in percent: 90, so that when 10% of the supervisors die the free
+/// slots can take their workers (Storm's scheduler never puts dead executors onto a slot whose
+/// executors are alive: with no free slot they would wait, unassigned).
+const FILL_PERCENT: usize = 90;
 const FIRST_PORT: u16 = 6700;
 /// Workers per topology (the last one may be smaller, to fill the slots exactly).
 const TOPOLOGY_WORKERS: usize = 100;
@@ -325,7 +332,7 @@ fn start_spout_task(
         }
     });
     let committer = handle.clone();
-    let interval = Duration::from_millis(kafka_spout::KafkaSpoutConfig::default().offsets_commit_interval_ms);
+    let interval = Duration::from_millis(commit_interval_ms());
     tasks.spawn(async move {
         // Spread the tasks' commits over the interval, as tasks started at different times are.
         let phase = interval.mul_f64(rand_fraction(committer.consumer_id().as_str()));
@@ -351,6 +358,15 @@ fn start_spout_task(
         }
     });
     handle
+}
+
+/// `offsets.commit.interval.ms` of the simulated spout tasks: `SQUALL_SCALE_COMMIT_MS`, else the
+/// Kafka spout's default.
+fn commit_interval_ms() -> u64 {
+    std::env::var("SQUALL_SCALE_COMMIT_MS")
+        .ok()
+        .map(|v| v.parse().unwrap_or_else(|_| panic!("SQUALL_SCALE_COMMIT_MS: {v:?} is not a number")))
+        .unwrap_or(kafka_spout::KafkaSpoutConfig::default().offsets_commit_interval_ms)
 }
 
 /// A number in [0, 1) from `s` (a stable spread, no RNG needed).
@@ -483,16 +499,17 @@ fn start_nimbus(dir: &Path, zookeeper: &str, port: u16) -> Child {
         .unwrap()
 }
 
-/// Every executor of every assignment, on a supervisor in `dead`: how many.
-async fn on_dead(session: &Session, dead: &BTreeSet<SupervisorId>) -> Option<usize> {
+/// Executors of every assignment: how many in all, and how many on a supervisor in `dead`.
+async fn on_dead(session: &Session, dead: &BTreeSet<SupervisorId>) -> Option<(usize, usize)> {
     let paths = StormPaths::default();
-    let mut n = 0;
+    let (mut all, mut n) = (0, 0);
     for child in session.children(&paths.assignments_dir()).await.ok()? {
         let id: TopologyId = child.parse().ok()?;
         let (a, _) = session.read::<Assignment>(&paths.assignment(&id)).await.ok()?;
+        all += a.executors.len();
         n += a.executors.iter().filter(|e| dead.contains(&e.node)).count();
     }
-    Some(n)
+    Some((all, n))
 }
 
 struct Figures {
@@ -515,6 +532,11 @@ struct Figures {
     passes: f64,
     all_pass_p99: Option<f64>,
     reassign_secs: f64,
+    /// Executors on the dead supervisors, and those nimbus moved until all were reassigned.
+    to_move: usize,
+    moved: f64,
+    /// `/proc/loadavg`'s 1-minute figure at the end of the steady-state window.
+    load: f64,
 }
 
 #[allow(clippy::too_many_lines)] // the story of one run, read top to bottom
@@ -554,7 +576,7 @@ async fn run(s: usize, window: Duration) -> Figures {
     eprintln!("S={s}: {s} supervisors registered in {:.1} s", started.elapsed().as_secs_f64());
 
     // Topologies filling every slot, submitted one after another.
-    let workers = s * usize::from(SLOTS);
+    let workers = s * usize::from(SLOTS) * FILL_PERCENT / 100;
     let mut sizes = vec![TOPOLOGY_WORKERS; workers / TOPOLOGY_WORKERS];
     if !workers.is_multiple_of(TOPOLOGY_WORKERS) {
         sizes.push(workers % TOPOLOGY_WORKERS);
@@ -641,6 +663,10 @@ async fn run(s: usize, window: Duration) -> Figures {
     let window_secs = window_start.elapsed().as_secs_f64();
     let zk_after = zk_counters(&server);
     let (cpu_after, rss, peak) = proc_usage(nimbus_pid);
+    let load: f64 = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
     let after_page = metrics_page(&client).await.unwrap();
     let (before, after) = (pass_buckets(&before_page), pass_buckets(&after_page));
     let written: BTreeMap<String, (f64, f64)> = zk_after
@@ -662,16 +688,34 @@ async fn run(s: usize, window: Duration) -> Figures {
     );
     // Close the sessions of every tenth supervisor; time until no assignment names them.
     let dead: BTreeSet<SupervisorId> = supervisors.iter().step_by(10).map(|s| s.id.clone()).collect();
+    // Read before the kill (retried: a read under this load can time out).
+    let (executors, to_move) =
+        eventually(Duration::from_secs(60), "the assignments", || on_dead(&session, &dead)).await;
     let killed = Instant::now();
     for sup in supervisors.iter().step_by(10) {
         sup.cancel.cancel();
     }
-    eventually(Duration::from_secs(600), "the dead supervisors' executors to move", || async {
-        (on_dead(&session, &dead).await? == 0).then_some(())
+    let counters = |page: &str| {
+        [
+            "squall_nimbus_executors_reassigned_total",
+            "squall_nimbus_assignments_written_total",
+            "squall_nimbus_cluster_reads_total",
+        ]
+        .map(|name| metric(page, name).unwrap_or(0.0))
+    };
+    let counted_before = counters(&after_page);
+    // Every executor back in an assignment, none on a dead supervisor.
+    eventually(Duration::from_secs(900), "the dead supervisors' executors to move", || async {
+        (on_dead(&session, &dead).await? == (executors, 0)).then_some(())
     })
     .await;
     let reassign_secs = killed.elapsed().as_secs_f64();
     let last_page = metrics_page(&client).await.unwrap();
+    let counted = counters(&last_page);
+    let [moved, rewritten, reads] = [0, 1, 2].map(|i| counted[i] - counted_before[i]);
+    eprintln!(
+        "S={s}: reassigned in {reassign_secs:.1} s: {to_move} executors were on the dead supervisors; nimbus moved {moved} and wrote {rewritten} assignments, reading {reads} changed nodes"
+    );
 
     let figures = Figures {
         supervisors: s,
@@ -692,6 +736,9 @@ async fn run(s: usize, window: Duration) -> Figures {
         passes: after.last().map_or(0.0, |(_, n)| *n) - before.last().map_or(0.0, |(_, n)| *n),
         all_pass_p99: quantile(0.99, &[], &pass_buckets(&last_page)),
         reassign_secs,
+        to_move,
+        moved,
+        load,
     };
 
     spouts_cancel.cancel();
@@ -729,7 +776,7 @@ async fn main() {
         let f = run(s, window).await;
         let ns = |n: &str| f.written.get(n).copied().unwrap_or_default();
         println!(
-            "S={:>5} workers={:>6} spout_tasks={:>5} topologies={:>4} | zk {:>7.1} txn/s; /storm {:>6.1} writes/s {:>9.0} B/s; /consumers {:>6.1} writes/s {:>7.0} B/s | nimbus cpu {:.3} s/s rss {:.0} MiB (peak {:.0}) | monitor p50 {} p99 {} ({} passes; whole run p99 {}) | submit {:.1} s, all reporting {:.1} s (last submit -> all reporting {:.1} s) | reassigned {:.1} s after 10% died",
+            "S={:>5} workers={:>6} spout_tasks={:>5} topologies={:>4} | zk {:>7.1} txn/s; /storm {:>6.1} writes/s {:>9.0} B/s; /consumers {:>6.1} writes/s {:>7.0} B/s | nimbus cpu {:.3} s/s rss {:.0} MiB (peak {:.0}) | monitor p50 {} p99 {} ({} passes; whole run p99 {}) | submit {:.1} s, all reporting {:.1} s (last submit -> all reporting {:.1} s) | reassigned {:.1} s after 10% died ({} executors to move, {} moved) | load {:.1}",
             f.supervisors,
             f.workers,
             f.spout_tasks,
@@ -750,6 +797,9 @@ async fn main() {
             f.reporting_secs,
             f.last_reporting_secs,
             f.reassign_secs,
+            f.to_move,
+            f.moved,
+            f.load,
         );
         let _ = f.window_secs;
         all.push(f);

@@ -38,7 +38,7 @@ use crate::limits::{LimitError, TopologyLimits};
 use crate::liveness::{HeartbeatCache, Timeouts};
 use crate::metrics::NimbusMetrics;
 use crate::scheduler::{Schedule, ScheduleInput, schedule};
-use crate::state::{self, Skipped};
+use crate::state::{self, ClusterCache, Read, Skipped, VersionedSnapshot};
 use crate::transitions::{RescheduleError, Rescheduler, Transitions};
 use cluster_state::clock::now_secs;
 
@@ -122,6 +122,22 @@ struct Memory {
     /// then, so a new leader gives every worker `nimbus.task.launch.secs` of fresh heartbeats
     /// before declaring it dead (no mass reassignment after a failover).
     leader_since_secs: u64,
+    /// The bases, assignments and supervisors, kept by watches; made at the first read of a
+    /// term (so a new leader reads everything once).
+    cluster: Option<ClusterCache>,
+}
+
+/// Which topologies a pass decides on. Every pass reads the whole cluster (from the watched
+/// copy: only what changed), but a submit or a rebalance decides only its own topology: the
+/// others were decided at the last monitor pass and are decided again at the next.
+#[derive(Debug, Clone, Copy)]
+enum Scope<'a> {
+    /// Storm's `mk-assignments`: every topology.
+    All,
+    /// A topology just submitted.
+    Only(&'a TopologyId),
+    /// A topology being rebalanced, with the base it is rebalanced to: all its executors move.
+    Scratch(&'a TopologyId, &'a StormBase),
 }
 
 /// Submit, the monitor pass and rescheduling; see the module docs.
@@ -183,6 +199,7 @@ impl Assigner {
         memory.executors.clear();
         memory.supervisors = HeartbeatCache::default();
         memory.leader_since_secs = now_secs;
+        memory.cluster = None;
         // Reports of an earlier term are stale; followers refuse reports, so this is empty
         // unless this nimbus led before.
         self.heartbeats.clear();
@@ -203,7 +220,7 @@ impl Assigner {
         // Known before anything can quote the file: errors, answers and logs hide them from now on.
         cluster_state::secrets::remember(&cluster_state::secrets::Redactor::from_flux(&text));
         let structure = TopologyStructure::from_flux(&text)?;
-        let snapshot = state::read_snapshot(&self.session, &self.paths, 0, now_secs()).await?.value;
+        let snapshot = self.snapshot(&mut memory, now_secs()).await?.value.cluster;
         // By the name part of every id under /storms, so a node whose data does not decode
         // still holds its name; and by the bases' names, which an older nimbus wrote.
         let stored = state::stored_topology_ids(&self.session, &self.paths).await?;
@@ -281,7 +298,7 @@ impl Assigner {
         memory.structures.insert(id.clone(), Arc::new(structure));
         tracing::info!(topology = %id, status = %base.status, workers = base.num_workers, "topology submitted");
         // The first assignment; a failure here is repaired by the next monitor pass.
-        if let Err(e) = self.pass(&mut memory, None).await {
+        if let Err(e) = self.pass(&mut memory, Scope::Only(&id)).await {
             tracing::warn!(topology = %id, "first assignment failed, the monitor retries: {e}");
         }
         Ok((id, base))
@@ -297,8 +314,8 @@ impl Assigner {
     ) -> Result<(), SubmitError> {
         let mut memory = self.memory.lock().await;
         let Ok(structure) = self.structure(&mut memory, id).await else { return Ok(()) };
+        let snapshot = self.snapshot(&mut memory, now_secs()).await?.value.cluster;
         drop(memory);
-        let snapshot = state::read_snapshot(&self.session, &self.paths, 0, now_secs()).await?.value;
         let mut after = snapshot.storms.get(id).map(|b| b.component_executors.clone()).unwrap_or_default();
         after.extend(executors.iter().map(|(c, n)| (c.clone(), *n)));
         // Components not named keep their count, which the topology already runs with: only
@@ -319,7 +336,7 @@ impl Assigner {
     pub async fn monitor_pass(&self) -> Result<PassReport, RescheduleError> {
         let mut memory = self.memory.lock().await;
         let timer = self.metrics.monitor_pass_seconds.start_timer();
-        let report = self.pass(&mut memory, None).await;
+        let report = self.pass(&mut memory, Scope::All).await;
         timer.observe_duration();
         self.metrics.workers_reported.set(self.heartbeats.workers_reported() as i64);
         report
@@ -364,18 +381,21 @@ impl Assigner {
         Ok(structure)
     }
 
-    /// Reads the cluster and writes every assignment that changes. `scratch` is a topology
-    /// being rebalanced, with the base it is rebalanced to: all its executors move.
+    /// The cluster as the watched copy holds it, brought up to date (reading only what changed).
+    async fn snapshot(&self, memory: &mut Memory, now: u64) -> Result<Read<VersionedSnapshot>, coord::Error> {
+        let cache = memory.cluster.get_or_insert_with(|| ClusterCache::new(&self.paths));
+        let (read, nodes) = cache.snapshot(&self.session, now).await?;
+        self.metrics.cluster_reads.inc_by(nodes as u64);
+        Ok(read)
+    }
+
+    /// Reads the cluster and writes every assignment in `scope` that changes.
     // Over 100 lines on purpose: Storm's `mk-assignments` read top to bottom (read, decide with
     // the pure scheduler, write only what changed) under the assigner's one lock; the
     // decisions themselves are the pure functions it calls.
-    async fn pass(
-        &self,
-        memory: &mut Memory,
-        scratch: Option<(&TopologyId, &StormBase)>,
-    ) -> Result<PassReport, RescheduleError> {
+    async fn pass(&self, memory: &mut Memory, scope: Scope<'_>) -> Result<PassReport, RescheduleError> {
         let now = now_secs();
-        let read = state::read_versioned_snapshot(&self.session, &self.paths, now).await?;
+        let read = self.snapshot(memory, now).await?;
         let mut report = PassReport { skipped: read.skipped, ..Default::default() };
         let state::VersionedSnapshot { cluster: snapshot, storm_versions, assignment_versions } = read.value;
 
@@ -416,9 +436,11 @@ impl Assigner {
             snapshot.assignments.iter().map(|(id, a)| (id.clone(), a.slots())).collect();
 
         for (id, stored_base) in &snapshot.storms {
-            let (base, from_scratch) = match scratch {
-                Some((scratch_id, new_base)) if scratch_id == id => (new_base, true),
-                _ => (stored_base, false),
+            let (base, from_scratch) = match scope {
+                Scope::All => (stored_base, false),
+                Scope::Only(only) if only == id => (stored_base, false),
+                Scope::Scratch(scratch, new_base) if scratch == id => (new_base, true),
+                Scope::Only(_) | Scope::Scratch(..) => continue,
             };
             if base.status == TopologyStatus::Killed {
                 continue;
@@ -521,7 +543,7 @@ impl Assigner {
                 Some(version) => Some(*version),
                 None => self.garbage_assignment_version(id).await?,
             };
-            let write = write_assignment(
+            let version = write_assignment(
                 &self.session,
                 &self.leadership,
                 &self.paths,
@@ -531,16 +553,22 @@ impl Assigner {
                 &assignment,
             )
             .await?;
-            if let Err(e) = write {
-                self.not_assigned(&mut report, id, e, from_scratch)?;
-                continue;
-            }
+            let version = match version {
+                Ok(version) => version,
+                Err(e) => {
+                    self.not_assigned(&mut report, id, e, from_scratch)?;
+                    continue;
+                }
+            };
             held.insert(id.clone(), assignment.slots());
             report.written.push(id.clone());
             report.moved += moved;
             self.metrics.assignments_written.inc();
             self.metrics.executors_reassigned.inc_by(moved as u64);
             tracing::info!(topology = %id, moved, slots = assignment.slots().len(), "assignment written");
+            if let Some(cache) = memory.cluster.as_mut() {
+                cache.wrote_assignment(id.clone(), assignment, version);
+            }
         }
         self.metrics.garbage_znodes.inc_by(report.skipped.len() as u64);
         for status in [
@@ -609,7 +637,7 @@ impl Rescheduler for Assigner {
         base: &StormBase,
     ) -> Result<(), RescheduleError> {
         let mut memory = self.memory.lock().await;
-        self.pass(&mut memory, Some((id, base))).await.map(|_| ())
+        self.pass(&mut memory, Scope::Scratch(id, base)).await.map(|_| ())
     }
 }
 

@@ -8,7 +8,7 @@
 //! next pass re-reads and decides again. An assignment larger than a znode may safely hold is
 //! never sent (ZooKeeper drops the connection of a request above `jute.maxbuffer`).
 
-use cluster_state::coord::{self, CreateMode, Op, Session};
+use cluster_state::coord::{self, CreateMode, Op, OpResult, Session};
 use cluster_state::ids::TopologyId;
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{Assignment, ZnodeData};
@@ -49,8 +49,9 @@ impl AssignmentWriteError {
 /// while `/storms/<id>` is still at `storm_version`, and the assignment still at
 /// `assignment_version` (`None`: it did not exist, and is created only if it still does not).
 /// A kill that removed the topology or its assignment in between is never undone. An
-/// assignment too large for a znode is not sent at all. Errors of the session itself
-/// (connection or session lost) are `Err`; everything about this one topology is `Ok(Err)`.
+/// assignment too large for a znode is not sent at all. Returns the assignment's new version.
+/// Errors of the session itself (connection or session lost) are `Err`; everything about this
+/// one topology is `Ok(Err)`.
 pub async fn write_assignment(
     session: &Session,
     leadership: &Leadership,
@@ -59,7 +60,7 @@ pub async fn write_assignment(
     storm_version: i32,
     assignment_version: Option<i32>,
     assignment: &Assignment,
-) -> Result<Result<(), AssignmentWriteError>, coord::Error> {
+) -> Result<Result<i32, AssignmentWriteError>, coord::Error> {
     let data = assignment.encode();
     if data.len() > MAX_ASSIGNMENT_BYTES {
         return Ok(Err(AssignmentWriteError::TooLarge { bytes: data.len(), max: MAX_ASSIGNMENT_BYTES }));
@@ -79,7 +80,11 @@ pub async fn write_assignment(
     let fenced = fence.is_some();
     ops.splice(0..0, fence);
     match session.multi(&ops).await {
-        Ok(_) => Ok(Ok(())),
+        // The last op is the write: its stat, or 0 for a node just created.
+        Ok(results) => Ok(Ok(match results.last() {
+            Some(OpResult::DataSet { stat }) => stat.version,
+            _ => 0,
+        })),
         Err(coord::Error::MultiFailed { index: 0, .. }) if fenced => Err(leadership.refused(&ops[0])),
         Err(e) if e.is_retryable() || e.is_session_lost() => Err(e),
         Err(coord::Error::MultiFailed { source, .. })

@@ -35,6 +35,8 @@ pub struct NimbusMetrics {
     /// `squall_nimbus_workers_reported`: workers in the supervisors' latest reports, as of the
     /// last report or monitor pass.
     pub workers_reported: IntGauge,
+    /// Znodes read to bring nimbus's watched copy of the cluster up to date (issue 18).
+    pub cluster_reads: IntCounter,
 }
 
 impl NimbusMetrics {
@@ -53,6 +55,7 @@ impl NimbusMetrics {
         registry.register(Box::new(metrics.monitor_pass_seconds.clone()))?;
         registry.register(Box::new(metrics.supervisor_heartbeats.clone()))?;
         registry.register(Box::new(metrics.workers_reported.clone()))?;
+        registry.register(Box::new(metrics.cluster_reads.clone()))?;
         Ok(metrics)
     }
 
@@ -120,6 +123,10 @@ impl NimbusMetrics {
             workers_reported: IntGauge::with_opts(Opts::new(
                 "squall_nimbus_workers_reported",
                 "Workers in the supervisors' latest heartbeats (updated at every heartbeat and monitor pass)",
+            ))?,
+            cluster_reads: IntCounter::with_opts(Opts::new(
+                "squall_nimbus_cluster_reads_total",
+                "Bases, assignments and supervisor nodes nimbus read because they changed (watched copy)",
             ))?,
         })
     }

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
-use cluster_state::coord::{self, Session, join};
+use cluster_state::coord::{self, Session, WatchedDir, join};
 use cluster_state::ids::{ComponentId, SupervisorId, TopologyId, WorkerSlot};
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{Assignment, ErrorInfo, StormBase, SupervisorInfo, WorkerHeartbeat, ZnodeData};
@@ -130,29 +130,74 @@ pub struct VersionedSnapshot {
     pub assignment_versions: BTreeMap<TopologyId, i32>,
 }
 
-/// [`read_snapshot`] with the versions of bases and assignments.
-pub async fn read_versioned_snapshot(
-    session: &Session,
-    paths: &StormPaths,
-    now_secs: u64,
-) -> coord::Result<Read<VersionedSnapshot>> {
-    let mut skipped = Vec::new();
-    let storms =
-        read_dir_versioned::<TopologyId, StormBase>(session, &paths.storms_dir(), &mut skipped).await?;
-    let assignments =
-        read_dir_versioned::<TopologyId, Assignment>(session, &paths.assignments_dir(), &mut skipped).await?;
-    let supervisors =
-        read_dir::<SupervisorId, SupervisorInfo>(session, &paths.supervisors_dir(), &mut skipped).await?;
-    let storm_versions = storms.iter().map(|(id, (_, v))| (id.clone(), *v)).collect();
-    let assignment_versions = assignments.iter().map(|(id, (_, v))| (id.clone(), *v)).collect();
-    let cluster = ClusterSnapshot {
-        storms: storms.into_iter().map(|(id, (b, _))| (id, b)).collect(),
-        assignments: assignments.into_iter().map(|(id, (a, _))| (id, a)).collect(),
-        supervisors,
-        nimbus_start_secs: 0,
-        now_secs,
-    };
-    Ok(Read { value: VersionedSnapshot { cluster, storm_versions, assignment_versions }, skipped })
+/// What the monitor pass decides on, kept current by watches ([`WatchedDir`]): the bases,
+/// assignments and supervisor nodes. A pass reads only the nodes that changed since the last
+/// one (at 2,000 supervisors and 200 topologies, none of 2,400 in a steady pass), instead of
+/// every node every pass. It belongs to one session (watches end with it) and is rebuilt
+/// when a leadership term starts, so a new leader reads everything once.
+#[derive(Debug)]
+pub struct ClusterCache {
+    storms: WatchedDir<TopologyId, StormBase>,
+    assignments: WatchedDir<TopologyId, Assignment>,
+    supervisors: WatchedDir<SupervisorId, SupervisorInfo>,
+}
+
+impl ClusterCache {
+    pub fn new(paths: &StormPaths) -> Self {
+        ClusterCache {
+            storms: WatchedDir::new(paths.storms_dir()),
+            assignments: WatchedDir::new(paths.assignments_dir()),
+            supervisors: WatchedDir::new(paths.supervisors_dir()),
+        }
+    }
+
+    /// Brings the copy up to date and returns it as a [`VersionedSnapshot`] (garbage skipped,
+    /// as [`read_snapshot`] does), with how many nodes this refresh read.
+    pub async fn snapshot(
+        &mut self,
+        session: &Session,
+        now_secs: u64,
+    ) -> coord::Result<(Read<VersionedSnapshot>, usize)> {
+        let read = self.storms.refresh(session).await?
+            + self.assignments.refresh(session).await?
+            + self.supervisors.refresh(session).await?;
+        let mut skipped = Vec::new();
+        for (path, reason, _) in
+            self.storms.garbage().chain(self.assignments.garbage()).chain(self.supervisors.garbage())
+        {
+            skipped.push(Skipped { path, reason: reason.to_owned() });
+        }
+        let storm_versions = self.storms.entries().iter().map(|(id, e)| (id.clone(), e.version)).collect();
+        let assignment_versions =
+            self.assignments.entries().iter().map(|(id, e)| (id.clone(), e.version)).collect();
+        let cluster = ClusterSnapshot {
+            storms: self.storms.entries().iter().map(|(id, e)| (id.clone(), e.value.clone())).collect(),
+            assignments: self
+                .assignments
+                .entries()
+                .iter()
+                .map(|(id, e)| (id.clone(), e.value.clone()))
+                .collect(),
+            supervisors: self
+                .supervisors
+                .entries()
+                .iter()
+                .map(|(id, e)| (id.clone(), e.value.clone()))
+                .collect(),
+            nimbus_start_secs: 0,
+            now_secs,
+        };
+        Ok((
+            Read { value: VersionedSnapshot { cluster, storm_versions, assignment_versions }, skipped },
+            read,
+        ))
+    }
+
+    /// Records an assignment this session wrote (at `version`), so the next decision sees it
+    /// before its watch fires: a submit right after another must not take the same slots.
+    pub fn wrote_assignment(&mut self, id: TopologyId, assignment: Assignment, version: i32) {
+        self.assignments.wrote(id, assignment, version);
+    }
 }
 
 /// The ids of every node under `/storms` whose name is a topology id, decodable or not: a

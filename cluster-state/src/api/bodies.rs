@@ -686,6 +686,19 @@ pub struct SubmitTopology {
 }
 
 impl SubmitTopology {
+    /// A topology file alone (built-in components), submitted active by `owner`.
+    pub fn file(topology_upload: UploadId, owner: impl Into<String>) -> Self {
+        SubmitTopology {
+            topology_upload,
+            worker_upload: None,
+            resources_upload: None,
+            inactive: false,
+            owner: owner.into(),
+        }
+    }
+}
+
+impl SubmitTopology {
     /// Longest owner nimbus takes.
     pub const MAX_OWNER_CHARS: usize = 256;
 

@@ -32,7 +32,8 @@
 //! Layout: `error.rs` (the error enum), `security.rs` (credentials and the ACL policy), `memory.rs` (in-memory backend), `zookeeper.rs` (real
 //! ZooKeeper backend), `lease.rs` (the lease clock and a session's confirmations), `recipes.rs`
 //! (what is built on top of the backends: parent creation, decoding reads, set-or-create,
-//! recursive delete, children-or-empty, checked ephemerals), this file (the shared types and the
+//! recursive delete, children-or-empty, checked ephemerals), `watched.rs` (`WatchedDir`, a
+//! directory's children kept current by watches), this file (the shared types and the
 //! calls each backend answers).
 
 mod error;
@@ -40,6 +41,7 @@ mod lease;
 mod memory;
 mod recipes;
 mod security;
+mod watched;
 mod zookeeper;
 
 use std::fmt;
@@ -53,6 +55,7 @@ use self::lease::Confirmations;
 pub use self::lease::LeaseInstant;
 pub use self::memory::MemoryEnsemble;
 pub use self::security::{AUTH_ENV, NodeAcl, Security, ZkAuth};
+pub use self::watched::{Versioned, WatchedDir};
 
 /// A ZooKeeper session id, as the server assigns it (shown in hex, like ZooKeeper's logs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -308,6 +308,28 @@ pub struct SupervisorInfo {
     pub metrics_scheme: MetricsScheme,
 }
 
+impl SupervisorInfo {
+    /// A supervisor just started at `time_secs`: nothing running, no metrics endpoint.
+    pub fn starting(
+        supervisor_id: SupervisorId,
+        hostname: String,
+        all_ports: Vec<u16>,
+        time_secs: u64,
+    ) -> Self {
+        SupervisorInfo {
+            time_secs,
+            hostname,
+            supervisor_id,
+            used_ports: Vec::new(),
+            all_ports,
+            uptime_secs: 0,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            metrics_endpoint: None,
+            metrics_scheme: MetricsScheme::Http,
+        }
+    }
+}
+
 impl ZnodeData for SupervisorInfo {
     const FORMAT: &'static str = "supervisor-info v1 JSON";
 
