@@ -38,7 +38,7 @@ use cluster_state::coord::{self, CreateMode, Op, Session, WatchEvent};
 use cluster_state::ids::TopologyId;
 use cluster_state::paths::StormPaths;
 use cluster_state::tls::ClientTls;
-use cluster_state::znode::{NimbusSummary, ZnodeData};
+use cluster_state::znode::{NimbusSummary, StormBase, TopologyStatus, ZnodeData};
 use nimbus_client::{ClientError, NimbusClient, StatusCode};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -322,13 +322,20 @@ impl Replicator {
     /// through an elected leader (which created `/blobstore/<id>`). A topology without that node
     /// (stored before nimbus HA, or a base written by hand) does not block the election: no
     /// nimbus may hold its code, and waiting for it would leave the cluster without a leader.
+    /// Neither does a killed topology: completing its kill needs no code, and when the nimbus
+    /// that took the submit died before any other copied it, no nimbus ever will.
     pub async fn lacking(&self) -> coord::Result<Vec<TopologyId>> {
         let mut lacking = Vec::new();
         for id in self.stored().await? {
-            if !self.code.holds(&id).await
-                && self.session.exists(&self.paths.blobstore_topology(&id)).await?.is_some()
+            if self.code.holds(&id).await
+                || self.session.exists(&self.paths.blobstore_topology(&id)).await?.is_none()
             {
-                lacking.push(id);
+                continue;
+            }
+            match self.session.read::<StormBase>(&self.paths.storm(&id)).await {
+                Ok((base, _)) if base.status == TopologyStatus::Killed => continue,
+                Err(coord::Error::NoNode { .. }) => continue,
+                _ => lacking.push(id),
             }
         }
         Ok(lacking)
@@ -640,8 +647,9 @@ impl Election {
             }
             // First in line: lead only with the code of every stored topology.
             let lacking = self.replicator.lacking().await?;
-            let missing =
+            let mut missing =
                 if lacking.is_empty() { Missing::default() } else { self.replicator.sync(false).await? };
+            missing.0.retain(|id, _| lacking.contains(id));
             if missing.is_empty() {
                 self.leadership.lead();
                 let mut me = self.me.clone();

@@ -3,7 +3,7 @@
 //! client following it, failover when the leader's session ends, the leader fence (a leader
 //! whose election node is gone writes nothing), a leader whose election node is deleted
 //! stepping down and rejoining as a follower, and a follower that lacks a topology's code
-//! not leading until it has copied it.
+//! not leading until it has copied it, unless the topology is killed and needs no code.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -342,5 +342,35 @@ async fn a_follower_lacking_code_does_not_lead_until_it_has_copied_it() {
     })
     .await;
     back.stop().await;
+    second.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_topology_whose_code_died_with_its_nimbus_does_not_block_the_election() {
+    let ensemble = Ensemble::zookeeper(ZkServer::shared().chroot("ha-killed-code").await);
+    let session = ensemble.connect(&SessionOptions::default()).await.unwrap();
+    supervisor(&session).await;
+    let mut nimbuses = start_all(&ensemble, 1).await;
+    let first = one_leader(&session, 1).await;
+    let client = NimbusClient::new(first.clone(), None);
+    let id = submit(&client, TOPOLOGY).await.unwrap();
+    // A delayed kill, then the only holder of the code dies before anyone copied it.
+    client.kill(&id, 5).await.unwrap();
+    let paths = StormPaths::default();
+    let (base, _) = session.read::<StormBase>(&paths.storm(&id)).await.unwrap();
+    assert_eq!(base.status, TopologyStatus::Killed);
+    let deadline = base.pending_transition.expect("a pending kill").deadline_secs();
+    nimbuses.remove(0).stop().await;
+
+    // A nimbus without the code leads anyway (the kill needs none) and completes the kill at
+    // its recorded deadline.
+    let second = Nimbus::start(&ensemble, tempfile::tempdir().unwrap()).await;
+    assert_eq!(one_leader(&session, 1).await, second.address);
+    let removed_at = eventually(DEADLINE, "the delayed kill to complete", || async {
+        session.exists(&paths.storm(&id)).await.unwrap().is_none().then(now_secs)
+    })
+    .await;
+    assert!((deadline..=deadline + 3).contains(&removed_at), "removed at {removed_at}, deadline {deadline}");
+    assert!(!second.code_dir(&id).exists());
     second.stop().await;
 }
