@@ -13,7 +13,7 @@
 //! the topology kafka spout -> split -> fields(word) -> count with acking on.
 //!
 //! `cargo bench -p kafka-spout --bench throughput` (needs tansu: `SQUALL_TANSU` or on PATH).
-//! `SQUALL_BENCH_MESSAGES` (default 3,000,000 100-byte messages, 8 partitions: several seconds
+//! `SQUALL_BENCH_ONLY=count|words` runs one part. `SQUALL_BENCH_MESSAGES` (default 3,000,000 100-byte messages, 8 partitions: several seconds
 //! per run).
 //! Knobs for investigating: `SQUALL_BENCH_ACKERS` (`0`: acking off), `SQUALL_BENCH_SPOUT_WAIT_MS`,
 //! `SQUALL_BENCH_RDKAFKA` (`key=value,...` passed to the spout's librdkafka consumer),
@@ -122,6 +122,9 @@ fn raw_client(bootstrap: &str, group: &str) -> BaseConsumer {
         .set("fetch.max.bytes", "52428800")
         .set("max.partition.fetch.bytes", "10485760")
         .set("queued.min.messages", "1000000")
+        // The peers' run.sh passes `fetch.wait.max.ms=$FETCH_WAIT_MS` (10) to `kafka_rust_raw`;
+        // with librdkafka's 500 the consumer waits on the broker most of a run.
+        .set("fetch.wait.max.ms", "10")
         .create()
         .unwrap()
 }
@@ -505,7 +508,20 @@ fn main() {
     let n: u64 =
         std::env::var("SQUALL_BENCH_MESSAGES").ok().and_then(|v| v.parse().ok()).unwrap_or(3_000_000);
     let runs: usize = std::env::var("SQUALL_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    // `SQUALL_BENCH_ONLY=count|words`: one of the two parts.
+    let only = std::env::var("SQUALL_BENCH_ONLY").ok();
+    let part = |name: &str| only.as_deref().is_none_or(|o| o == name);
     let broker = tansu::Tansu::start();
+    if part("count") {
+        count_part(&broker, n, runs);
+    }
+    if part("words") {
+        words_part(&broker, n, runs);
+    }
+}
+
+/// Kafka -> count against the raw consumer.
+fn count_part(broker: &tansu::Tansu, n: u64, runs: usize) {
     broker.create_topic(TOPIC, PARTITIONS);
     let t = Instant::now();
     produce(&broker.bootstrap(), n);
@@ -527,8 +543,8 @@ fn main() {
     // Interleaved: raw, spout, raw, spout... so drift on the machine hits both alike.
     let (mut raw, mut spout) = (Vec::new(), Vec::new());
     for run in 0..runs {
-        let r = raw_consumer(&broker, n);
-        let s = spout_topology(&broker, n, run);
+        let r = raw_consumer(broker, n);
+        let s = spout_topology(broker, n, run);
         println!(
             "run {run}: raw consumer {:>9.0} msgs/s ({:>9.0} per CPU-s, {}) | spout -> count, acking {:>9.0} msgs/s ({:>9.0} per CPU-s, {}) | ratio {:.2}",
             n as f64 / r.secs,
@@ -552,15 +568,18 @@ fn main() {
         rate(&spout),
         per_cpu(&spout),
     );
+}
 
+/// Kafka -> word count against the consumer + map.
+fn words_part(broker: &tansu::Tansu, n: u64, runs: usize) {
     broker.create_topic(SENTENCES_TOPIC, PARTITIONS);
     produce_sentences(&broker.bootstrap(), n);
     let words = words_in(n) as f64;
     println!("Kafka -> word count: {n} reference sentences ({words:.0} words) in {PARTITIONS} partitions");
     let (mut raw, mut spout) = (Vec::new(), Vec::new());
     for run in 0..runs {
-        let r = raw_word_count(&broker, n);
-        let s = spout_word_count(&broker, n, run);
+        let r = raw_word_count(broker, n);
+        let s = spout_word_count(broker, n, run);
         println!(
             "run {run}: consumer + map {:>9.0} msgs/s ({:>9.0} words per CPU-s, {}) | spout -> split -> count, acking {:>9.0} msgs/s, {:>10.0} words/s ({:>9.0} words per CPU-s, {}) | ratio {:.2}",
             n as f64 / r.secs,
@@ -575,6 +594,7 @@ fn main() {
         raw.push(r);
         spout.push(s);
     }
+    let rate = |v: &[Run]| median(v.iter().map(|r| n as f64 / r.secs).collect());
     let words_per_cpu = |v: &[Run]| median(v.iter().map(|r| words / r.cpu()).collect());
     let ratio = median(raw.iter().zip(&spout).map(|(r, s)| r.secs / s.secs).collect());
     println!(

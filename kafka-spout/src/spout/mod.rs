@@ -220,6 +220,10 @@ impl KafkaSpout {
             emit_batch: config.emit_batch as usize,
             max_in_flight: config.max_in_flight as usize,
             max_pending: context.config.max_spout_pending.map(|m| m as usize),
+            only_topic: match config.topics.as_slice() {
+                [only] => Some(only.clone()),
+                _ => None,
+            },
         };
         self.running = Some(Running {
             stale_acks: self.env.metrics.stale_acks.with_label_values(&[component.as_str()]),
