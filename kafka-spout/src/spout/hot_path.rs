@@ -101,7 +101,8 @@ impl HotPath {
                 }
             };
             let offset = message.offset();
-            let (topic, partition) = (self.only_topic.as_deref().unwrap_or_else(|| message.topic()), message.partition());
+            let (topic, partition) =
+                (self.only_topic.as_deref().unwrap_or_else(|| message.topic()), message.partition());
             let resets_pending = state.resets_pending;
             // librdkafka hands out a fetched batch of one partition at a time: the previous
             // message's slot is usually this one's (checked), saving the topic's lookup.
