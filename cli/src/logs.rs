@@ -3,7 +3,9 @@
 //! host, port and supervisor's log viewer (`logViewer`); each supervisor's log viewer serves the
 //! last lines of a worker's `worker.log` (or another of its files, `--file`), which are printed
 //! prefixed by `host:port`. `--follow` then asks each log viewer for what was appended, every
-//! `--interval` seconds, until Ctrl-C.
+//! `--interval` seconds, until Ctrl-C, and nimbus for the workers every 5 s: a worker that
+//! starts (a rebalance, a reassignment) is followed from its last lines, one that went away is
+//! dropped, each said on stderr.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -80,26 +82,76 @@ pub fn logs(cmd: LogsCommand) -> Result<(), String> {
         }
         let mut failures = Vec::new();
         for worker in &mut followed {
-            let tail = worker
-                .viewer
-                .read(&worker.topology, worker.port, cmd.file, LogRead::Tail { lines: cmd.lines })
-                .await;
-            match tail {
-                Ok(chunk) => {
-                    worker.offset = chunk.start + chunk.length;
-                    print_lines(&worker.label, &mut worker.partial, &chunk.data);
-                }
-                Err(e) => failures.push(worker_error(&worker.label, cmd.file, e)),
+            if let Err(e) = worker.tail(cmd.file, cmd.lines).await {
+                failures.push(e);
             }
         }
         if !failures.is_empty() {
             return Err(failures.join("\n"));
         }
         if cmd.follow {
-            follow(&mut followed, cmd.file, Duration::from_secs(cmd.interval)).await;
+            let watch = Workers { client: &client, id: &id, cmd: &cmd, token, tls };
+            follow(&mut followed, &watch, Duration::from_secs(cmd.interval)).await;
         }
         Ok(())
     })
+}
+
+/// How often `--follow` asks nimbus which workers to read: a rebalance or a failure moves
+/// executors to other workers, and a worker that starts is followed from its last lines.
+const REFRESH_WORKERS: Duration = Duration::from_secs(5);
+
+/// What `--follow` needs to find the topology's workers again.
+struct Workers<'a> {
+    client: &'a nimbus_client::NimbusClient,
+    id: &'a TopologyId,
+    cmd: &'a LogsCommand,
+    token: Option<String>,
+    tls: Option<ClientTls>,
+}
+
+impl Workers<'_> {
+    /// Brings `followed` up to the topology's current workers: new ones are added (their last
+    /// `--lines` lines printed), gone ones dropped, each change said on stderr.
+    async fn refresh(&self, followed: &mut Vec<Followed>, failing: &mut Option<String>) {
+        let selected = match self.client.topology(self.id).await {
+            Ok(detail) => {
+                select_workers(&detail, self.cmd.component.as_deref(), self.cmd.port).and_then(|ws| {
+                    ws.into_iter().map(|w| connect(w, self.token.clone(), self.tls.clone())).collect()
+                })
+            }
+            Err(e) => Err(format!("cannot list the workers of {} again: {}", self.id, explain(e))),
+        };
+        let selected: Vec<Followed> = match selected {
+            Ok(s) => s,
+            Err(message) => {
+                // Said once until it changes; the workers already followed are kept.
+                if failing.as_ref() != Some(&message) {
+                    eprintln!("{message}");
+                    *failing = Some(message);
+                }
+                return;
+            }
+        };
+        *failing = None;
+        followed.retain(|f| {
+            let kept = selected.iter().any(|s| s.label == f.label && s.port == f.port);
+            if !kept {
+                eprintln!("[{}] no longer a worker of {}; not followed any more", f.label, self.id);
+            }
+            kept
+        });
+        for mut worker in selected {
+            if followed.iter().any(|f| f.label == worker.label && f.port == worker.port) {
+                continue;
+            }
+            eprintln!("[{}] a new worker of {}; followed from its last lines", worker.label, self.id);
+            if let Err(e) = worker.tail(self.cmd.file, self.cmd.lines).await {
+                eprintln!("{e}");
+            }
+            followed.push(worker);
+        }
+    }
 }
 
 /// The topology's workers to read: all, or those running `component`, or the one on `port`.
@@ -177,6 +229,20 @@ fn connect(
     })
 }
 
+impl Followed {
+    /// Prints the last `lines` lines of `file` and remembers where they ended.
+    async fn tail(&mut self, file: LogFile, lines: u32) -> Result<(), String> {
+        let chunk = self
+            .viewer
+            .read(&self.topology, self.port, file, LogRead::Tail { lines })
+            .await
+            .map_err(|e| worker_error(&self.label, file, e))?;
+        self.offset = chunk.start + chunk.length;
+        print_lines(&self.label, &mut self.partial, &chunk.data);
+        Ok(())
+    }
+}
+
 fn worker_error(label: &str, file: LogFile, e: LogViewerError) -> String {
     format!("{label}: cannot read {file}: {e}")
 }
@@ -194,17 +260,25 @@ fn print_lines(label: &str, partial: &mut String, data: &str) {
     partial.drain(..=end);
 }
 
-/// Polls every worker every `interval` for what its file gained, until Ctrl-C or SIGTERM. A
-/// file that shrank was rotated: reading starts over at its beginning. A worker that cannot
-/// be read is reported once until it can again.
-async fn follow(workers: &mut [Followed], file: LogFile, interval: Duration) {
+/// Polls every worker every `interval` for what its file gained, until Ctrl-C or SIGTERM,
+/// asking nimbus for the topology's workers every [`REFRESH_WORKERS`]. A file that shrank was
+/// rotated: reading starts over at its beginning. A worker that cannot be read is reported once
+/// until it can again.
+async fn follow(workers: &mut Vec<Followed>, watch: &Workers<'_>, interval: Duration) {
+    let file = watch.cmd.file;
     let stop = cluster_state::signal::terminate_requested();
     tokio::pin!(stop);
     let mut failing: BTreeMap<String, String> = BTreeMap::new();
+    let mut listing_failed = None;
+    let mut next_refresh = tokio::time::Instant::now() + REFRESH_WORKERS;
     loop {
         tokio::select! {
             _ = &mut stop => return,
             _ = tokio::time::sleep(interval) => {}
+        }
+        if tokio::time::Instant::now() >= next_refresh {
+            watch.refresh(workers, &mut listing_failed).await;
+            next_refresh = tokio::time::Instant::now() + REFRESH_WORKERS;
         }
         for worker in workers.iter_mut() {
             // Whole reads until caught up, at most a few per poll so one busy worker does not

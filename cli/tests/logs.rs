@@ -199,6 +199,103 @@ async fn a_worker_log_rotates_by_size_and_keeps_at_most_max_files() {
     assert!(std::fs::read_to_string(dir.join("worker.log.1")).unwrap().contains("tuple"));
 }
 
+/// `squall logs ARGS --follow` running, with its stdout and stderr lines as they come.
+fn follow_logs(
+    cluster: &Cluster,
+    args: &[&str],
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>, std::sync::mpsc::Receiver<String>) {
+    let mut follow = Command::new(SQUALL)
+        .arg("logs")
+        .args(args)
+        .args(["--follow", "--config", &cluster.config.display().to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = |stream: Box<dyn std::io::Read + Send>| {
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stream).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        rx
+    };
+    let stdout = lines(Box::new(follow.stdout.take().unwrap()));
+    let stderr = lines(Box::new(follow.stderr.take().unwrap()));
+    (follow, stdout, stderr)
+}
+
+/// SIGTERM to `follow`, which must then exit successfully.
+async fn stops_on_sigterm(follow: &mut std::process::Child) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(follow.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let status = eventually(Duration::from_secs(10), "--follow to stop on SIGTERM", || {
+        let status = follow.try_wait().unwrap();
+        async move { status }
+    })
+    .await;
+    assert!(status.success(), "{status:?}");
+}
+
+/// `squall logs --follow` follows the topology's workers as they change: a rebalance from one
+/// worker to two starts a worker on the other port, whose lines it then prints (prefixed by
+/// that port, each a line of that worker's `worker.log`), saying so on stderr.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn squall_logs_follow_picks_up_a_worker_started_by_a_rebalance() {
+    let mut cluster = Cluster::new("logs_follow").await;
+    cluster.start_nimbus();
+    let ports = [free_port(), free_port()];
+    cluster.start_supervisor("sup-a", &ports);
+    let id = submit(&cluster, &sink_topology(&cluster, "growing", ("log", "log"), 1, 5)).await;
+    let artifacts =
+        |port: u16| cluster.dir("sup-a").join("workers-artifacts").join(&id).join(port.to_string());
+    let log_of = |port: u16| std::fs::read_to_string(artifacts(port).join("worker.log")).unwrap_or_default();
+    let first = eventually(Duration::from_secs(90), "the one worker to log tuples", || async {
+        ports.into_iter().find(|p| log_of(*p).matches("tuple").count() >= 3)
+    })
+    .await;
+    let second = ports.into_iter().find(|p| *p != first).unwrap();
+
+    let (mut follow, stdout, stderr) = follow_logs(&cluster, &["growing", "-n", "1"]);
+    let mut printed: Vec<String> = Vec::new();
+    eventually(Duration::from_secs(30), "--follow to print the first worker's lines", || {
+        printed.extend(stdout.try_iter());
+        let seen = printed.iter().any(|l| l.starts_with(&format!("[127.0.0.1:{first}] ")));
+        async move { seen.then_some(()) }
+    })
+    .await;
+    let out = cluster.squall(&["rebalance", "growing", "-w", "0", "-n", "2"]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    let prefix = format!("[127.0.0.1:{second}] ");
+    let mut said: Vec<String> = Vec::new();
+    eventually(
+        Duration::from_secs(90),
+        "--follow to print lines of the worker the rebalance started",
+        || {
+            printed.extend(stdout.try_iter());
+            said.extend(stderr.try_iter());
+            let done = printed.iter().filter(|l| l.starts_with(&prefix)).count() >= 3;
+            async move { done.then_some(()) }
+        },
+    )
+    .await;
+    let written = log_of(second);
+    for line in printed.iter().filter_map(|l| l.strip_prefix(&prefix)) {
+        assert!(written.lines().any(|l| l == line), "not a line of worker.log on {second}: {line}");
+    }
+    assert!(said.iter().any(|l| l.starts_with(&prefix) && l.contains("a new worker of")), "stderr: {said:?}");
+    stops_on_sigterm(&mut follow).await;
+}
+
 /// `squall logs` on a real cluster with a token: the last lines of the worker running a named
 /// component, read through its supervisor's log viewer (each line is in that worker's
 /// `worker.log`, prefixed by its host and port); `--follow` prints lines appended afterwards
@@ -271,24 +368,7 @@ async fn squall_logs_prints_the_last_lines_of_a_components_worker() {
     );
 
     // --follow prints what is appended after the tail, until SIGTERM.
-    let mut follow = std::process::Command::new(SQUALL)
-        .args(["logs", "chatty", "-c", "log", "-n", "1", "--follow"])
-        .args(["--config", &cluster.config.display().to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = follow.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let (mut follow, rx, _) = follow_logs(&cluster, &["chatty", "-c", "log", "-n", "1"]);
     let mut followed = Vec::new();
     eventually(Duration::from_secs(60), "--follow to print newly logged lines", || {
         followed.extend(rx.try_iter());
@@ -301,17 +381,7 @@ async fn squall_logs_prints_the_last_lines_of_a_components_worker() {
     let positions: Vec<Option<usize>> = followed.iter().map(at).collect();
     assert!(positions.iter().all(Option::is_some), "every followed line is the worker's: {followed:?}");
     assert!(positions.windows(2).all(|w| w[0] < w[1]), "in order, none twice: {positions:?}");
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(follow.id() as i32).unwrap(),
-        rustix::process::Signal::TERM,
-    )
-    .unwrap();
-    let status = eventually(Duration::from_secs(10), "--follow to stop on SIGTERM", || {
-        let status = follow.try_wait().unwrap();
-        async move { status }
-    })
-    .await;
-    assert!(status.success(), "{status:?}");
+    stops_on_sigterm(&mut follow).await;
 
     // A wrong token: the log viewer refuses, and says so.
     let wrong = cluster.dir("wrong-token.yaml");
