@@ -705,6 +705,7 @@ async fn run(s: usize, window: Duration) -> Figures {
             "squall_nimbus_executors_reassigned_total",
             "squall_nimbus_assignments_written_total",
             "squall_nimbus_cluster_reads_total",
+            "squall_nimbus_node_index_writes_total",
         ]
         .map(|name| metric(page, name).unwrap_or(0.0))
     };
@@ -743,9 +744,9 @@ async fn run(s: usize, window: Duration) -> Figures {
     );
     let last_page = metrics_page(&client).await.unwrap();
     let counted = counters(&last_page);
-    let [moved, rewritten, reads] = [0, 1, 2].map(|i| counted[i] - counted_before[i]);
+    let [moved, rewritten, reads, indexes] = [0, 1, 2, 3].map(|i| counted[i] - counted_before[i]);
     eprintln!(
-        "S={s}: reassigned in {reassign_secs:.1} s: {to_move} executors were on the dead supervisors; nimbus moved {moved} and wrote {rewritten} assignments, reading {reads} changed nodes"
+        "S={s}: reassigned in {reassign_secs:.1} s: {to_move} executors were on the dead supervisors; nimbus moved {moved} and wrote {rewritten} assignments and {indexes} node indexes, reading {reads} changed nodes"
     );
 
     let figures = Figures {

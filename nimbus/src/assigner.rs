@@ -37,6 +37,7 @@ use crate::leader::{self, Leadership};
 use crate::limits::{LimitError, TopologyLimits};
 use crate::liveness::{HeartbeatCache, Timeouts};
 use crate::metrics::NimbusMetrics;
+use crate::node_index::{StoredIndex, desired_index, diff_index, read_index, write_index};
 use crate::scheduler::{Schedule, ScheduleInput, schedule};
 use crate::state::{self, ClusterCache, Read, Skipped, VersionedSnapshot};
 use crate::transitions::{RescheduleError, Rescheduler, Transitions};
@@ -125,6 +126,9 @@ struct Memory {
     /// The bases, assignments and supervisors, kept by watches; made at the first read of a
     /// term (so a new leader reads everything once).
     cluster: Option<ClusterCache>,
+    /// What `/node-assignments` holds, as of the last write or read; `None`: read it first
+    /// (a new term, or a write that failed).
+    node_index: Option<StoredIndex>,
 }
 
 /// Which topologies a pass decides on. Every pass reads the whole cluster (from the watched
@@ -200,6 +204,7 @@ impl Assigner {
         memory.supervisors = HeartbeatCache::default();
         memory.leader_since_secs = now_secs;
         memory.cluster = None;
+        memory.node_index = None;
         // Reports of an earlier term are stale; followers refuse reports, so this is empty
         // unless this nimbus led before.
         self.heartbeats.clear();
@@ -570,6 +575,7 @@ impl Assigner {
                 cache.wrote_assignment(id.clone(), assignment, version);
             }
         }
+        self.sync_node_index(memory, &held, snapshot.supervisors.keys()).await?;
         self.metrics.garbage_znodes.inc_by(report.skipped.len() as u64);
         for status in [
             TopologyStatus::Active,
@@ -591,6 +597,42 @@ impl Assigner {
         self.metrics.slots.with_label_values(&["free"]).set(total.saturating_sub(used) as i64);
         self.metrics.executors_unassigned.set(report.unassigned as i64);
         Ok(report)
+    }
+
+    /// Brings `/node-assignments` to what `held` (every topology's slots after this pass's
+    /// writes) and the registered supervisors call for, writing only the nodes that differ
+    /// (see [`crate::node_index`]). A failed write is logged and the index read back at the
+    /// next pass; only losing the leadership or the session fails the pass.
+    async fn sync_node_index<'a>(
+        &self,
+        memory: &mut Memory,
+        held: &'a BTreeMap<TopologyId, BTreeSet<WorkerSlot>>,
+        registered: impl IntoIterator<Item = &'a SupervisorId>,
+    ) -> Result<(), RescheduleError> {
+        let desired = desired_index(held, registered);
+        let mut stored = match memory.node_index.take() {
+            Some(stored) => stored,
+            None => read_index(&self.session, &self.paths).await?,
+        };
+        let changes = diff_index(&stored, &desired);
+        let count = changes.len();
+        match write_index(&self.session, &self.leadership, &self.paths, &mut stored, changes).await {
+            Ok(written) => {
+                self.metrics.node_index_writes.inc_by(written as u64);
+                memory.node_index = Some(stored);
+                Ok(())
+            }
+            Err(e) if e.is_retryable() || e.is_session_lost() || !self.leadership.is_leader() => {
+                Err(e.into())
+            }
+            Err(e) => {
+                tracing::warn!(
+                    changes = count,
+                    "writing the node assignment index failed, read again at the next pass: {e}"
+                );
+                Ok(())
+            }
+        }
     }
 
     /// Records that topology `id` got no assignment this pass: logged, counted and reported,
