@@ -23,12 +23,16 @@ use cluster_state::coord::{self, CreateMode, Op, Session};
 use cluster_state::ids::{SupervisorId, TopologyId, WorkerSlot};
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{NodeAssignments, ZnodeData};
+use futures::StreamExt;
 
 use crate::leader::Leadership;
 
 /// Index writes per multi: each is ~50 bytes plus ~30 per topology listed, so a multi stays far
 /// below ZooKeeper's `jute.maxbuffer` (1 MB) even for nodes running hundreds of topologies.
 pub const OPS_PER_MULTI: usize = 100;
+
+/// Index reads in flight when a term starts.
+pub const READS_IN_FLIGHT: usize = 32;
 
 /// What ZooKeeper holds per node: the topologies listed, or `None` for a node whose data does
 /// not decode (rewritten or removed by the next write).
@@ -79,8 +83,9 @@ pub fn diff_index(
     changes
 }
 
-/// Reads every index node (a node removed meanwhile is left out; one that does not decode is
-/// `None`, logged).
+/// Reads every index node, [`READS_IN_FLIGHT`] at a time (a new term at 2,000 supervisors
+/// reads 2,000 nodes once); a node removed meanwhile is left out, one that does not decode is
+/// `None` (logged).
 pub async fn read_index(session: &Session, paths: &StormPaths) -> coord::Result<StoredIndex> {
     let dir = paths.node_assignments_dir();
     let names = match session.children(&dir).await {
@@ -88,14 +93,24 @@ pub async fn read_index(session: &Session, paths: &StormPaths) -> coord::Result<
         Err(coord::Error::NoNode { .. }) => return Ok(StoredIndex::new()),
         Err(e) => return Err(e),
     };
-    let mut stored = StoredIndex::new();
+    let mut nodes = Vec::new();
     for name in names {
-        let Ok(node) = name.parse::<SupervisorId>() else {
-            tracing::warn!(path = %coord::join(&dir, &name), "ignoring a node index with a bad name");
-            continue;
-        };
+        match name.parse::<SupervisorId>() {
+            Ok(node) => nodes.push(node),
+            Err(_) => {
+                tracing::warn!(path = %coord::join(&dir, &name), "ignoring a node index with a bad name")
+            }
+        }
+    }
+    let mut reads = futures::stream::iter(nodes.into_iter().map(|node| async move {
         let path = paths.node_assignments(&node);
-        match session.get(&path).await {
+        let read = session.get(&path).await;
+        (node, path, read)
+    }))
+    .buffer_unordered(READS_IN_FLIGHT);
+    let mut stored = StoredIndex::new();
+    while let Some((node, path, read)) = reads.next().await {
+        match read {
             Ok((data, _)) => {
                 let topologies = match NodeAssignments::decode(&path, &data) {
                     Ok(index) => Some(index.topologies),
