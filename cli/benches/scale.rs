@@ -39,6 +39,7 @@ use std::time::Duration;
 use cluster_state::api::SubmitTopology;
 use cluster_state::coord::{Ensemble, Session, SessionOptions};
 use cluster_state::ids::{ConsumerId, ExecutorId, GroupId, Partition, SupervisorId, Topic, TopologyId};
+use cluster_state::metrics::CoordMetrics;
 use cluster_state::paths::{KafkaPaths, StormPaths};
 use cluster_state::znode::{
     Assignment, ExecutorStats, LocalWorkerHeartbeat, MetricsScheme, SupervisorInfo, TopicRegistration,
@@ -240,6 +241,7 @@ fn start_supervisor(
     ensemble: &Ensemble,
     nimbus: &str,
     writer: Arc<Session>,
+    sync_metrics: &CoordMetrics,
     tasks: &mut tokio::task::JoinSet<()>,
 ) -> SimSupervisor {
     let id = SupervisorId::new(format!("sim-{n:05}")).unwrap();
@@ -284,7 +286,7 @@ fn start_supervisor(
         supervisor_id: id.clone(),
         slots: ports.into_iter().collect(),
         tick: SUPERVISOR_TICK,
-        coord_metrics: None,
+        coord_metrics: Some(sync_metrics.clone()),
     };
     let sync_cancel = cancel.child_token();
     tasks.spawn(async move {
@@ -561,10 +563,13 @@ async fn run(s: usize, window: Duration) -> Figures {
     for _ in 0..WRITER_SESSIONS {
         writers.push(Arc::new(ensemble.connect(&SessionOptions::default()).await.unwrap()));
     }
+    // The simulated supervisors' sync sessions share one set of request counters: what they
+    // read from ZooKeeper (getData) during the reassignment.
+    let sync_metrics = CoordMetrics::register(&prometheus::Registry::new()).unwrap();
     let mut supervisors = Vec::new();
     for n in 0..s {
         let writer = writers[n % WRITER_SESSIONS].clone();
-        supervisors.push(start_supervisor(n, &ensemble, &address, writer, &mut tasks));
+        supervisors.push(start_supervisor(n, &ensemble, &address, writer, &sync_metrics, &mut tasks));
         if n % 50 == 49 {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -700,21 +705,48 @@ async fn run(s: usize, window: Duration) -> Figures {
             "squall_nimbus_executors_reassigned_total",
             "squall_nimbus_assignments_written_total",
             "squall_nimbus_cluster_reads_total",
+            "squall_nimbus_node_index_writes_total",
         ]
         .map(|name| metric(page, name).unwrap_or(0.0))
     };
     let counted_before = counters(&after_page);
+    let reads_before = sync_reads(&sync_metrics);
+    let timeline_cancel = CancellationToken::new();
+    let timeline = tokio::spawn(reassignment_timeline(
+        client.clone(),
+        killed,
+        workers,
+        sync_metrics.clone(),
+        timeline_cancel.clone(),
+    ));
     // Every executor back in an assignment, none on a dead supervisor.
     eventually(Duration::from_secs(900), "the dead supervisors' executors to move", || async {
         (on_dead(&session, &dead).await? == (executors, 0)).then_some(())
     })
     .await;
     let reassign_secs = killed.elapsed().as_secs_f64();
+    eprintln!("S={s}: {reassign_secs:.1} s: no assignment names a dead supervisor");
+    // Then every moved worker running again on its new supervisor (reported to nimbus).
+    eventually(Duration::from_secs(600), "every worker reporting again", || async {
+        let page = metrics_page(&client).await?;
+        (metric(&page, "squall_nimbus_workers_reported")? as usize == workers).then_some(())
+    })
+    .await;
+    let running_again_secs = killed.elapsed().as_secs_f64();
+    timeline_cancel.cancel();
+    let events = timeline.await.unwrap_or_default();
+    let (reads, read_secs) = sync_reads(&sync_metrics);
+    eprintln!(
+        "S={s}: timeline after the kill (s): {} | every worker reporting again {running_again_secs:.1} s | supervisors' getData meanwhile: {:.0} reads taking {:.1} s in all",
+        events.join("; "),
+        reads - reads_before.0,
+        read_secs - reads_before.1,
+    );
     let last_page = metrics_page(&client).await.unwrap();
     let counted = counters(&last_page);
-    let [moved, rewritten, reads] = [0, 1, 2].map(|i| counted[i] - counted_before[i]);
+    let [moved, rewritten, reads, indexes] = [0, 1, 2, 3].map(|i| counted[i] - counted_before[i]);
     eprintln!(
-        "S={s}: reassigned in {reassign_secs:.1} s: {to_move} executors were on the dead supervisors; nimbus moved {moved} and wrote {rewritten} assignments, reading {reads} changed nodes"
+        "S={s}: reassigned in {reassign_secs:.1} s: {to_move} executors were on the dead supervisors; nimbus moved {moved} and wrote {rewritten} assignments and {indexes} node indexes, reading {reads} changed nodes"
     );
 
     let figures = Figures {
@@ -754,6 +786,67 @@ async fn run(s: usize, window: Duration) -> Figures {
     }
     drop(session);
     figures
+}
+
+/// The simulated supervisors' sync sessions' getData requests: how many, and their total time.
+fn sync_reads(metrics: &CoordMetrics) -> (f64, f64) {
+    let h = metrics.request_duration.with_label_values(&["getData"]);
+    (h.get_sample_count() as f64, h.get_sample_sum())
+}
+
+/// What happened after the kill, second by second from nimbus's metrics until `cancel`: when
+/// each monitor pass ended and how long it took, when nimbus wrote assignments, how many
+/// workers reported, and the supervisors' reads.
+async fn reassignment_timeline(
+    client: NimbusClient,
+    killed: Instant,
+    workers: usize,
+    sync_metrics: CoordMetrics,
+    cancel: CancellationToken,
+) -> Vec<String> {
+    let mut events = Vec::new();
+    let mut last: Option<(f64, f64, f64, f64)> = None;
+    let mut reported_low = workers as f64;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    // Bounded by the caller's deadlines; at most one event per poll.
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        let Some(page) = metrics_page(&client).await else { continue };
+        let at = killed.elapsed().as_secs_f64();
+        let get = |name: &str| metric(&page, name).unwrap_or(0.0);
+        let now = (
+            get("squall_nimbus_monitor_pass_duration_seconds_count"),
+            get("squall_nimbus_monitor_pass_duration_seconds_sum"),
+            get("squall_nimbus_assignments_written_total"),
+            get("squall_nimbus_supervisors"),
+        );
+        let reported = get("squall_nimbus_workers_reported");
+        reported_low = reported_low.min(reported);
+        if let Some(before) = last {
+            let mut said = Vec::new();
+            if now.0 > before.0 {
+                said.push(format!("pass ended ({:.2} s)", (now.1 - before.1) / (now.0 - before.0)));
+            }
+            if now.2 > before.2 {
+                said.push(format!("{} assignments written", now.2 - before.2));
+            }
+            if (now.3 - before.3).abs() > 0.0 {
+                said.push(format!("live supervisors {}", now.3));
+            }
+            if !said.is_empty() {
+                let (reads, _) = sync_reads(&sync_metrics);
+                said.push(format!(
+                    "workers reported {reported} (low {reported_low}), supervisor reads {reads}"
+                ));
+                events.push(format!("{at:.1}: {}", said.join(", ")));
+            }
+        }
+        last = Some(now);
+    }
+    events
 }
 
 fn ms(q: Option<f64>) -> String {

@@ -6,6 +6,7 @@
 //! <storm root, default /storm>
 //!   /storms/<topology-id>                       -> StormBase
 //!   /assignments/<topology-id>                  -> Assignment
+//!   /node-assignments/<supervisor-id>           -> NodeAssignments (Squall's index, not Storm's)
 //!   /supervisors/<supervisor-id>                -> SupervisorInfo (ephemeral)
 //!   /workerbeats/<topology-id>/<node>-<port>    -> WorkerHeartbeat
 //!   /errors/<topology-id>/<component-id>/e<seq> -> ErrorInfo (persistent sequential)
@@ -93,6 +94,17 @@ impl StormPaths {
     /// `<root>/assignments/<topology-id>`.
     pub fn assignment(&self, id: &TopologyId) -> String {
         format!("{}/assignments/{id}", self.root)
+    }
+
+    /// `<root>/node-assignments`: the leader's index of which assignments name each node
+    /// (Squall's, not Storm's; see [`crate::znode::NodeAssignments`]).
+    pub fn node_assignments_dir(&self) -> String {
+        format!("{}/node-assignments", self.root)
+    }
+
+    /// `<root>/node-assignments/<supervisor-id>`.
+    pub fn node_assignments(&self, node: &SupervisorId) -> String {
+        format!("{}/node-assignments/{node}", self.root)
     }
 
     /// `<root>/supervisors`.

@@ -13,8 +13,8 @@ use cluster_state::ids::{
 };
 use cluster_state::znode::{
     Assignment, BrokerRegistration, ConsumerRegistration, DecodeError, DelayedTransition, ErrorInfo,
-    ExecutorAssignment, ExecutorStats, LocalWorkerHeartbeat, MetricsScheme, NimbusSummary, OffsetData,
-    OffsetSnapshot, OwnerData, StormBase, SubscriptionPattern, SupervisorInfo, TopicRegistration,
+    ExecutorAssignment, ExecutorStats, LocalWorkerHeartbeat, MetricsScheme, NimbusSummary, NodeAssignments,
+    OffsetData, OffsetSnapshot, OwnerData, StormBase, SubscriptionPattern, SupervisorInfo, TopicRegistration,
     TopologyStatus, WorkerHeartbeat, ZnodeData,
 };
 use proptest::prelude::*;
@@ -234,6 +234,21 @@ fn assignment_garbage() {
     assert_rejects::<Assignment>(bad("[1,2]", "\"[1 2]\"").as_bytes(), "invalid type");
     assert_rejects::<Assignment>(bad("6700", "67000").as_bytes(), "u16");
     assert_rejects::<Assignment>(bad("\"sup-a1\":", "\"\":").as_bytes(), "invalid supervisor id");
+}
+
+const NODE_ASSIGNMENTS: &str = r#"{"version":1,"topologies":["a-2-1700000000","wc-1-1700000000"]}"#;
+
+#[test]
+fn node_assignments_golden_and_garbage() {
+    let index = NodeAssignments {
+        topologies: ["wc-1-1700000000", "a-2-1700000000"].iter().map(|t| t.parse().unwrap()).collect(),
+    };
+    assert_golden(&index, NODE_ASSIGNMENTS);
+    assert_golden(&NodeAssignments::default(), r#"{"version":1,"topologies":[]}"#);
+    assert_ignores_unknown_fields::<NodeAssignments>(NODE_ASSIGNMENTS);
+    assert_rejects_json_garbage::<NodeAssignments>(NODE_ASSIGNMENTS, 2);
+    let bad = NODE_ASSIGNMENTS.replacen("a-2-1700000000", "a/../b", 1);
+    assert_rejects::<NodeAssignments>(bad.as_bytes(), "topology id");
 }
 
 const NIMBUS_SUMMARY: &str = r#"{"version":1,"host":"nimbus1","port":8080,"start_time_secs":1700000000,"uptime_secs":5,"squall_version":"0.1.0","is_leader":true}"#;

@@ -37,6 +37,7 @@ use crate::leader::{self, Leadership};
 use crate::limits::{LimitError, TopologyLimits};
 use crate::liveness::{HeartbeatCache, Timeouts};
 use crate::metrics::NimbusMetrics;
+use crate::node_index::{StoredIndex, desired_index, diff_index, read_index, write_index};
 use crate::scheduler::{Schedule, ScheduleInput, schedule};
 use crate::state::{self, ClusterCache, Read, Skipped, VersionedSnapshot};
 use crate::transitions::{RescheduleError, Rescheduler, Transitions};
@@ -125,6 +126,13 @@ struct Memory {
     /// The bases, assignments and supervisors, kept by watches; made at the first read of a
     /// term (so a new leader reads everything once).
     cluster: Option<ClusterCache>,
+    /// What `/node-assignments` holds, as of the last write or read; `None`: read it first
+    /// (a new term, or a write that failed).
+    node_index: Option<StoredIndex>,
+    /// The assignment versions and registered supervisors the index was last brought to: a
+    /// pass whose are the same has nothing to check (at 18,000 slots, building the index is
+    /// not free).
+    node_index_inputs: Option<(BTreeMap<TopologyId, i32>, Vec<SupervisorId>)>,
 }
 
 /// Which topologies a pass decides on. Every pass reads the whole cluster (from the watched
@@ -200,6 +208,8 @@ impl Assigner {
         memory.supervisors = HeartbeatCache::default();
         memory.leader_since_secs = now_secs;
         memory.cluster = None;
+        memory.node_index = None;
+        memory.node_index_inputs = None;
         // Reports of an earlier term are stale; followers refuse reports, so this is empty
         // unless this nimbus led before.
         self.heartbeats.clear();
@@ -397,7 +407,8 @@ impl Assigner {
         let now = now_secs();
         let read = self.snapshot(memory, now).await?;
         let mut report = PassReport { skipped: read.skipped, ..Default::default() };
-        let state::VersionedSnapshot { cluster: snapshot, storm_versions, assignment_versions } = read.value;
+        let state::VersionedSnapshot { cluster: snapshot, storm_versions, mut assignment_versions } =
+            read.value;
 
         // Supervisors: present in ZooKeeper (their ephemeral node), and heartbeating on nimbus's
         // clock: the later of their node's time (written at registration and on a change) and
@@ -561,6 +572,7 @@ impl Assigner {
                 }
             };
             held.insert(id.clone(), assignment.slots());
+            assignment_versions.insert(id.clone(), version);
             report.written.push(id.clone());
             report.moved += moved;
             self.metrics.assignments_written.inc();
@@ -570,6 +582,7 @@ impl Assigner {
                 cache.wrote_assignment(id.clone(), assignment, version);
             }
         }
+        self.sync_node_index(memory, &held, &assignment_versions, snapshot.supervisors.keys()).await?;
         self.metrics.garbage_znodes.inc_by(report.skipped.len() as u64);
         for status in [
             TopologyStatus::Active,
@@ -591,6 +604,51 @@ impl Assigner {
         self.metrics.slots.with_label_values(&["free"]).set(total.saturating_sub(used) as i64);
         self.metrics.executors_unassigned.set(report.unassigned as i64);
         Ok(report)
+    }
+
+    /// Brings `/node-assignments` to what `held` (every topology's slots after this pass's
+    /// writes) and the registered supervisors call for, writing only the nodes that differ
+    /// (see [`crate::node_index`]). A failed write is logged and the index read back at the
+    /// next pass; only losing the leadership or the session fails the pass.
+    async fn sync_node_index<'a>(
+        &self,
+        memory: &mut Memory,
+        held: &'a BTreeMap<TopologyId, BTreeSet<WorkerSlot>>,
+        versions: &BTreeMap<TopologyId, i32>,
+        registered: impl Iterator<Item = &'a SupervisorId> + Clone,
+    ) -> Result<(), RescheduleError> {
+        let unchanged = memory.node_index_inputs.as_ref().is_some_and(|(last_versions, last_registered)| {
+            last_versions == versions && last_registered.iter().eq(registered.clone())
+        });
+        if unchanged && memory.node_index.is_some() {
+            return Ok(());
+        }
+        memory.node_index_inputs = None;
+        let desired = desired_index(held, registered.clone());
+        let mut stored = match memory.node_index.take() {
+            Some(stored) => stored,
+            None => read_index(&self.session, &self.paths).await?,
+        };
+        let changes = diff_index(&stored, &desired);
+        let count = changes.len();
+        match write_index(&self.session, &self.leadership, &self.paths, &mut stored, changes).await {
+            Ok(written) => {
+                self.metrics.node_index_writes.inc_by(written as u64);
+                memory.node_index = Some(stored);
+                memory.node_index_inputs = Some((versions.clone(), registered.cloned().collect()));
+                Ok(())
+            }
+            Err(e) if e.is_retryable() || e.is_session_lost() || !self.leadership.is_leader() => {
+                Err(e.into())
+            }
+            Err(e) => {
+                tracing::warn!(
+                    changes = count,
+                    "writing the node assignment index failed, read again at the next pass: {e}"
+                );
+                Ok(())
+            }
+        }
     }
 
     /// Records that topology `id` got no assignment this pass: logged, counted and reported,

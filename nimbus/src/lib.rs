@@ -29,6 +29,9 @@
 //!   kept in memory for the monitor, the API and discovery: no ZooKeeper write per worker.
 //! - [`liveness`]: which executors are alive, from heartbeats measured on nimbus's own clock.
 //! - [`metrics`]: `squall_nimbus_*` counters on the caller's registry.
+//! - [`node_index`]: the per-node assignment index (`/node-assignments/<node>`: which
+//!   topologies' assignments name the node), written by the pass when a node's set changes,
+//!   so a supervisor reads only its own assignments.
 //! - [`scheduler`]: Storm's even scheduler as a pure function (`schedule(input) -> Schedule`).
 //! - [`state`]: reading ZooKeeper into the pure functions' inputs, skipping garbage znodes.
 //! - [`stats`]: Storm UI's topology page, component page and component graph as pure
@@ -55,6 +58,7 @@ pub mod lifecycle;
 pub mod limits;
 pub mod liveness;
 pub mod metrics;
+pub mod node_index;
 pub mod scheduler;
 pub mod state;
 pub mod stats;

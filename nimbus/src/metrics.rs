@@ -17,6 +17,9 @@ pub struct NimbusMetrics {
     pub assignments_written: IntCounter,
     /// Executors given a new slot (dead, on a supervisor gone, rebalanced, or new).
     pub executors_reassigned: IntCounter,
+    /// `squall_nimbus_node_index_writes_total`: `/node-assignments/<node>` creates, sets and
+    /// deletes (the per-node index, written only when a node's set of topologies changes).
+    pub node_index_writes: IntCounter,
     /// Topologies by status (`active`, `inactive`, `rebalancing`, `killed`), at the last pass.
     pub topologies: IntGaugeVec,
     /// Live supervisors at the last pass.
@@ -47,6 +50,7 @@ impl NimbusMetrics {
         registry.register(Box::new(metrics.transitions.clone()))?;
         registry.register(Box::new(metrics.assignments_written.clone()))?;
         registry.register(Box::new(metrics.executors_reassigned.clone()))?;
+        registry.register(Box::new(metrics.node_index_writes.clone()))?;
         registry.register(Box::new(metrics.topologies.clone()))?;
         registry.register(Box::new(metrics.supervisors.clone()))?;
         registry.register(Box::new(metrics.slots.clone()))?;
@@ -81,6 +85,10 @@ impl NimbusMetrics {
             executors_reassigned: IntCounter::with_opts(Opts::new(
                 "squall_nimbus_executors_reassigned_total",
                 "Executors nimbus placed on a new slot",
+            ))?,
+            node_index_writes: IntCounter::with_opts(Opts::new(
+                "squall_nimbus_node_index_writes_total",
+                "Per-node assignment index nodes nimbus created, rewrote or deleted",
             ))?,
             topologies: IntGaugeVec::new(
                 Opts::new("squall_nimbus_topologies", "Topologies by status at nimbus's last monitor pass"),

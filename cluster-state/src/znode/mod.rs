@@ -37,8 +37,8 @@ pub use kafka::{
 pub use log_config::{LogConfig, LogLevel, LoggerLevel, LoggerName};
 pub use storm::{
     Assignment, DelayedTransition, ErrorInfo, ExecutorAssignment, ExecutorStats, LocalWorkerHeartbeat,
-    MetricsScheme, NimbusSummary, StormBase, SupervisorInfo, TopologyStatus, WorkerHeartbeat,
-    WorkerbeatThrottle, two_digits,
+    MetricsScheme, NimbusSummary, NodeAssignments, StormBase, SupervisorInfo, TopologyStatus,
+    WorkerHeartbeat, WorkerbeatThrottle, two_digits,
 };
 
 /// A type stored as a znode's data.

@@ -241,6 +241,36 @@ impl ZnodeData for Assignment {
     }
 }
 
+/// The topologies whose assignment names one node, at `/storm/node-assignments/<supervisor-id>`
+/// (persistent; written by the leader nimbus only when the set changes). Squall's, not Storm's:
+/// a supervisor reads and watches its own index and only the assignments it lists, instead of
+/// every assignment of the cluster (Storm 2 sends each supervisor its own assignments over RPC
+/// for the same reason). `/storm/assignments/<id>` stays the truth; the index only says where
+/// to look.
+///
+/// ```json
+/// {"version":1,"topologies":["wc-1-1700000000","wc2-2-1700000100"]}
+/// ```
+/// (one line in the znode, ids sorted).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct NodeAssignments {
+    /// Topologies with at least one executor on the node.
+    pub topologies: BTreeSet<TopologyId>,
+}
+
+impl ZnodeData for NodeAssignments {
+    const FORMAT: &'static str = "node-assignments v1 JSON";
+
+    fn encode(&self) -> Vec<u8> {
+        let ids: Vec<&str> = self.topologies.iter().map(TopologyId::as_str).collect();
+        JsonObject::versioned(1).field("topologies", ids).finish().into_bytes()
+    }
+
+    fn decode(path: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
+        decode_json::<Self>(path, bytes, 1..=1).map(|(_, index)| index)
+    }
+}
+
 /// How a process's Prometheus `/metrics` is served: plain HTTP, or HTTPS (`supervisor.metrics.tls.*`,
 /// `worker.metrics.tls.*`). Written as `"metrics_scheme":"https"` beside a `metrics_endpoint`
 /// (added within version 1: written only for HTTPS, absent reads as HTTP), and published by
