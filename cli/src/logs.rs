@@ -53,6 +53,7 @@ pub struct LogsCommand {
 
 /// One worker being read: where, and how far its file was printed.
 struct Followed {
+    /// `host:port`: names the worker in every printed line, and tells workers apart.
     label: String,
     topology: TopologyId,
     port: u16,
@@ -135,14 +136,14 @@ impl Workers<'_> {
         };
         *failing = None;
         followed.retain(|f| {
-            let kept = selected.iter().any(|s| s.label == f.label && s.port == f.port);
+            let kept = selected.iter().any(|s| s.label == f.label);
             if !kept {
                 eprintln!("[{}] no longer a worker of {}; not followed any more", f.label, self.id);
             }
             kept
         });
         for mut worker in selected {
-            if followed.iter().any(|f| f.label == worker.label && f.port == worker.port) {
+            if followed.iter().any(|f| f.label == worker.label) {
                 continue;
             }
             eprintln!("[{}] a new worker of {}; followed from its last lines", worker.label, self.id);

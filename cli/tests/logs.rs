@@ -176,21 +176,38 @@ async fn rotates_several_times(dir: &Path, live: &str, max_bytes: Option<u64>) {
     .await;
 }
 
+/// `<storm.local.dir>/workers-artifacts/<topology-id>/<port>` of supervisor `sup-a`.
+fn artifacts(cluster: &Cluster, id: &str, port: u16) -> PathBuf {
+    cluster.dir("sup-a").join("workers-artifacts").join(id).join(port.to_string())
+}
+
+/// What the worker on `port` has written to its `worker.log` so far.
+fn worker_log(cluster: &Cluster, id: &str, port: u16) -> String {
+    std::fs::read_to_string(artifacts(cluster, id, port).join("worker.log")).unwrap_or_default()
+}
+
+/// A cluster of nimbus and supervisor `sup-a` on one port, worker logs rotating at `max_bytes`
+/// keeping 3 files.
+async fn rotating_cluster(name: &str, max_bytes: u64) -> (Cluster, u16) {
+    let mut cluster = Cluster::new(name).await;
+    cluster.configure(&format!("worker.log.max.bytes: {max_bytes}"));
+    cluster.configure("worker.log.max.files: 3");
+    cluster.start_nimbus();
+    let port = free_port();
+    cluster.start_supervisor("sup-a", &[port]);
+    (cluster, port)
+}
+
 /// A worker's log is at Storm's place, `<storm.local.dir>/workers-artifacts/<topology-id>/<port>/
 /// worker.log`, and rotates by size (`worker.log.max.bytes`) keeping at most
 /// `worker.log.max.files` files, rotation after rotation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_log_rotates_by_size_and_keeps_at_most_max_files() {
     const MAX_BYTES: u64 = 4000;
-    let mut cluster = Cluster::new("logs_rotation").await;
-    cluster.configure(&format!("worker.log.max.bytes: {MAX_BYTES}"));
-    cluster.configure("worker.log.max.files: 3");
-    cluster.start_nimbus();
-    let port = free_port();
-    cluster.start_supervisor("sup-a", &[port]);
+    let (cluster, port) = rotating_cluster("logs_rotation", MAX_BYTES).await;
     // Every word is logged by the `log` sink: about 100 lines a second.
     let id = submit(&cluster, &sink_topology(&cluster, "chatty", ("log", "log"), 1, 20)).await;
-    let dir = cluster.dir("sup-a").join("workers-artifacts").join(&id).join(port.to_string());
+    let dir = artifacts(&cluster, &id, port);
 
     // Never a file past the size limit: the worker rotates before a write would pass it.
     rotates_several_times(&dir, "worker.log", Some(MAX_BYTES)).await;
@@ -255,9 +272,7 @@ async fn squall_logs_follow_picks_up_a_worker_started_by_a_rebalance() {
     let ports = [free_port(), free_port()];
     cluster.start_supervisor("sup-a", &ports);
     let id = submit(&cluster, &sink_topology(&cluster, "growing", ("log", "log"), 1, 5)).await;
-    let artifacts =
-        |port: u16| cluster.dir("sup-a").join("workers-artifacts").join(&id).join(port.to_string());
-    let log_of = |port: u16| std::fs::read_to_string(artifacts(port).join("worker.log")).unwrap_or_default();
+    let log_of = |port: u16| worker_log(&cluster, &id, port);
     let first = eventually(Duration::from_secs(90), "the one worker to log tuples", || async {
         ports.into_iter().find(|p| log_of(*p).matches("tuple").count() >= 3)
     })
@@ -330,9 +345,7 @@ async fn squall_logs_prints_the_last_lines_of_a_components_worker() {
     })
     .await;
     let other_port = ports.into_iter().find(|p| *p != log_port).unwrap();
-    let artifacts =
-        |port: u16| cluster.dir("sup-a").join("workers-artifacts").join(&id).join(port.to_string());
-    let log_of = |port: u16| std::fs::read_to_string(artifacts(port).join("worker.log")).unwrap_or_default();
+    let log_of = |port: u16| worker_log(&cluster, &id, port);
     // The sink has logged some words.
     eventually(Duration::from_secs(90), "the log bolt's worker to log tuples", || async {
         (log_of(log_port).matches("tuple").count() >= 10).then_some(())
@@ -419,14 +432,9 @@ async fn squall_logs_prints_the_last_lines_of_a_components_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_workers_stdout_log_rotates_and_keeps_at_most_max_files() {
     const MAX_BYTES: u64 = 3000;
-    let mut cluster = Cluster::new("logs_out_rotation").await;
-    cluster.configure(&format!("worker.log.max.bytes: {MAX_BYTES}"));
-    cluster.configure("worker.log.max.files: 3");
-    cluster.start_nimbus();
-    let port = free_port();
-    cluster.start_supervisor("sup-a", &[port]);
+    let (cluster, port) = rotating_cluster("logs_out_rotation", MAX_BYTES).await;
     let id = submit(&cluster, &sink_topology(&cluster, "printer", ("print", "stdout"), 1, 20)).await;
-    let dir = cluster.dir("sup-a").join("workers-artifacts").join(&id).join(port.to_string());
+    let dir = artifacts(&cluster, &id, port);
 
     // Copied past the limit: a file may hold what its worker printed in one interval more.
     rotates_several_times(&dir, "worker.log.out", None).await;
@@ -462,8 +470,7 @@ async fn set_log_level_turns_debug_on_for_one_logger_until_its_timeout() {
     )
     .unwrap();
     let id = submit(&cluster, &file).await;
-    let log =
-        cluster.dir("sup-a").join("workers-artifacts").join(&id).join(port.to_string()).join("worker.log");
+    let log = artifacts(&cluster, &id, port).join("worker.log");
     let read = || std::fs::read_to_string(&log).unwrap_or_default();
     let is_debug_tuple = |l: &str| l.contains(" DEBUG ") && l.contains("tuple");
     let is_info_tuple = |l: &str| l.contains(" INFO ") && l.contains("tuple");

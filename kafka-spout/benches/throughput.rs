@@ -107,6 +107,11 @@ impl Run {
     }
 }
 
+/// Messages per second of `runs`, their median.
+fn rate(runs: &[Run], n: u64) -> f64 {
+    median(runs.iter().map(|r| n as f64 / r.secs).collect())
+}
+
 /// The time from `first` (set when the first message arrived) to now.
 fn since_first(first: &OnceLock<Instant>, start: Instant) -> f64 {
     first.get().copied().unwrap_or(start).elapsed().as_secs_f64()
@@ -558,14 +563,13 @@ fn count_part(broker: &tansu::Tansu, n: u64, runs: usize) {
         raw.push(r);
         spout.push(s);
     }
-    let rate = |v: &[Run]| median(v.iter().map(|r| n as f64 / r.secs).collect());
     let per_cpu = |v: &[Run]| median(v.iter().map(|r| n as f64 / r.cpu()).collect());
     let ratio = median(raw.iter().zip(&spout).map(|(r, s)| r.secs / s.secs).collect());
     println!(
         "median of {runs}: raw consumer {:.0} msgs/s ({:.0} per CPU-s); spout -> count with acking {:.0} msgs/s ({:.0} per CPU-s); ratio {ratio:.2} (goal >= 0.8)",
-        rate(&raw),
+        rate(&raw, n),
         per_cpu(&raw),
-        rate(&spout),
+        rate(&spout, n),
         per_cpu(&spout),
     );
 }
@@ -594,14 +598,13 @@ fn words_part(broker: &tansu::Tansu, n: u64, runs: usize) {
         raw.push(r);
         spout.push(s);
     }
-    let rate = |v: &[Run]| median(v.iter().map(|r| n as f64 / r.secs).collect());
     let words_per_cpu = |v: &[Run]| median(v.iter().map(|r| words / r.cpu()).collect());
     let ratio = median(raw.iter().zip(&spout).map(|(r, s)| r.secs / s.secs).collect());
     println!(
         "median of {runs}: consumer + map {:.0} msgs/s ({:.0} words per CPU-s); spout -> split -> count with acking {:.0} msgs/s = {:.0} words/s ({:.0} words per CPU-s); ratio {ratio:.2} (goal >= 1.0)",
-        rate(&raw),
+        rate(&raw, n),
         words_per_cpu(&raw),
-        rate(&spout),
+        rate(&spout, n),
         median(spout.iter().map(|r| words / r.secs).collect()),
         words_per_cpu(&spout),
     );

@@ -397,8 +397,12 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
     }
     println!("word count, one worker in-process, {items} sentences, median of 3 runs");
     let mut max_rate = 0.0;
-    let measure_max = std::env::var_os("SQUALL_BENCH_RATE").is_none();
-    for acking in [false, true].into_iter().filter(|a| part("wc") || (*a && measure_max && part("latency"))) {
+    // `SQUALL_BENCH_RATE=<sentences/s>` with `--only latency`: that rate instead of half the
+    // measured maximum (to see how the tail moves with load).
+    let fixed_rate: Option<f64> = std::env::var("SQUALL_BENCH_RATE").ok().and_then(|r| r.parse().ok());
+    for acking in
+        [false, true].into_iter().filter(|a| part("wc") || (*a && fixed_rate.is_none() && part("latency")))
+    {
         let runs: Vec<Run> = (0..3).filter_map(|_| run(acking, items)).collect();
         if runs.len() < 3 {
             println!("acking {}: a run did not finish", if acking { "on" } else { "off" });
@@ -409,9 +413,6 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
             max_rate = sps;
         }
     }
-    // `SQUALL_BENCH_RATE=<sentences/s>` with `--only latency`: that rate instead of half the
-    // measured maximum (to see how the tail moves with load).
-    let fixed_rate: Option<f64> = std::env::var("SQUALL_BENCH_RATE").ok().and_then(|r| r.parse().ok());
     if (max_rate > 0.0 || fixed_rate.is_some()) && part("latency") {
         let rate = fixed_rate.unwrap_or(max_rate / 2.0);
         // Six runs, each printed: the goal is a p99 under 1 ms in every one of them.
