@@ -221,15 +221,8 @@ impl AssignmentCache {
         }
         if !self.indexed && self.children.is_none() {
             let dir = paths.assignments_dir();
-            let (names, watch) = match session.children_watch(&dir).await {
-                Ok(listed) => listed,
-                // No assignment was ever written: wait for the directory to appear.
-                Err(coord::Error::NoNode { .. }) => {
-                    let (_, watch) = session.exists_watch(&dir).await?;
-                    (Vec::new(), watch)
-                }
-                Err(e) => return Err(e),
-            };
+            // No assignment was ever written: the watch fires when the directory appears.
+            let (names, watch) = session.children_watch_or_absent(&dir).await?;
             self.children = Some(watch);
             let mut listed = BTreeSet::new();
             for name in names {

@@ -528,6 +528,27 @@ impl Session {
         dispatch!(self.children_watch(path))
     }
 
+    /// Like [`Session::children_watch`], for a directory that may not exist yet: its children
+    /// (none while it is absent) and a watch that fires when they change or, while it is
+    /// absent, when it is created. A directory created between the listing and the existence
+    /// check is listed again: an existence watch on a node that exists would fire only on a
+    /// change of its data, never on a child created under it.
+    pub async fn children_watch_or_absent(&self, path: &str) -> Result<(Vec<String>, Watch)> {
+        let mut attempts = 0;
+        loop {
+            match self.children_watch(path).await {
+                Err(Error::NoNode { .. }) => {}
+                listed => return listed,
+            }
+            let (stat, watch) = self.exists_watch(path).await?;
+            attempts += 1;
+            // Created and deleted over and over: the watch fires at its next deletion.
+            if stat.is_none() || attempts >= 3 {
+                return Ok((Vec::new(), watch));
+            }
+        }
+    }
+
     /// The node's stat, or `None` when it does not exist.
     pub async fn exists(&self, path: &str) -> Result<Option<Stat>> {
         validate_path(path)?;

@@ -129,15 +129,8 @@ where
     pub async fn refresh(&mut self, session: &Session) -> Result<usize> {
         self.take_fired();
         if self.children.is_none() {
-            let (names, watch) = match session.children_watch(&self.dir).await {
-                Ok(listed) => listed,
-                // Not created yet: wait for it to appear.
-                Err(Error::NoNode { .. }) => {
-                    let (_, watch) = session.exists_watch(&self.dir).await?;
-                    (Vec::new(), watch)
-                }
-                Err(e) => return Err(e),
-            };
+            // Not created yet: the watch fires when it appears.
+            let (names, watch) = session.children_watch_or_absent(&self.dir).await?;
             self.children = Some(watch);
             let listed: BTreeSet<String> = names.into_iter().collect();
             for name in listed.difference(&self.listed) {
