@@ -118,6 +118,8 @@ pub(crate) struct Emitter {
     pub(crate) component: ComponentId,
     pub(crate) task: TaskId,
     streams: Vec<OutStream>,
+    /// The index in `streams` of the default stream, if declared.
+    default_stream: Option<usize>,
     shared: Arc<SharedRoutes>,
     version: u64,
     routes: Arc<Routes>,
@@ -150,6 +152,7 @@ impl Emitter {
         Emitter {
             component,
             task,
+            default_stream: streams.iter().position(|s| s.meta.stream == crate::tuple::DEFAULT_STREAM),
             streams,
             shared,
             version,
@@ -173,6 +176,13 @@ impl Emitter {
     }
 
     fn stream_index(&self, stream: &str) -> Option<usize> {
+        // `emit` names the default stream by the constant itself, whose bytes never change:
+        // the same address and length are the same name, without comparing text per tuple.
+        if std::ptr::eq(stream, crate::tuple::DEFAULT_STREAM)
+            && let Some(i) = self.default_stream
+        {
+            return Some(i);
+        }
         self.streams.iter().position(|s| s.meta.stream == stream)
     }
 
