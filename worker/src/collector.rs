@@ -342,10 +342,11 @@ impl Emitter {
     }
 
     pub(crate) fn acker_of(&self, root: u64) -> Option<TaskId> {
-        if self.ackers.is_empty() {
-            None
-        } else {
-            Some(self.ackers[(root % self.ackers.len() as u64) as usize])
+        match self.ackers.as_slice() {
+            [] => None,
+            // The usual case needs no division (a 64-bit `div` per ack was a tenth of `ack`).
+            [only] => Some(*only),
+            ackers => ackers.get((root % ackers.len() as u64) as usize).copied(),
         }
     }
 
