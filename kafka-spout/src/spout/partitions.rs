@@ -42,17 +42,24 @@ pub(super) struct PartState {
 
 /// An emitted message as a replay needs it: key and value in one shared buffer (one
 /// allocation per message; clones and slices only count references, so the emitted tuple and
-/// this copy share it), and the timestamp.
+/// this copy share it), and the timestamp. 48 bytes: it is most of an offsets deque entry, one
+/// per message in flight, so which parts are present is one byte of flags.
 #[derive(Debug, Clone)]
 pub(super) struct Stored {
     pub(super) buf: Bytes,
-    /// Length of the key in `buf`; `None` for a message without key.
-    pub(super) key_len: Option<usize>,
-    pub(super) has_value: bool,
-    pub(super) timestamp: Option<i64>,
+    /// Meaningful with [`Stored::TIMESTAMP`].
+    timestamp: i64,
+    /// Length of the key in `buf` (Kafka caps a message far below 4 GiB).
+    key_len: u32,
+    /// [`Stored::KEY`], [`Stored::VALUE`], [`Stored::TIMESTAMP`]: which are present.
+    flags: u8,
 }
 
 impl Stored {
+    const KEY: u8 = 1;
+    const VALUE: u8 = 2;
+    const TIMESTAMP: u8 = 4;
+
     pub(super) fn new(key: Option<&[u8]>, value: Option<&[u8]>, timestamp: Option<i64>) -> Self {
         let (k, v) = (key.unwrap_or_default(), value.unwrap_or_default());
         let buf = if k.is_empty() && v.is_empty() {
@@ -63,19 +70,28 @@ impl Stored {
             buf.extend_from_slice(v);
             Bytes::from_owner(buf)
         };
-        Stored { buf, key_len: key.map(<[u8]>::len), has_value: value.is_some(), timestamp }
+        let flag = |present: bool, flag: u8| if present { flag } else { 0 };
+        Stored {
+            buf,
+            timestamp: timestamp.unwrap_or(0),
+            key_len: u32::try_from(k.len()).unwrap_or(u32::MAX),
+            flags: flag(key.is_some(), Self::KEY)
+                | flag(value.is_some(), Self::VALUE)
+                | flag(timestamp.is_some(), Self::TIMESTAMP),
+        }
     }
 
     /// The tuple: topic, partition, offset, key, value, timestamp.
     pub(super) fn values(&self, topic: &Value, partition: &Value, offset: i64) -> Values {
-        let split = self.key_len.unwrap_or(0).min(self.buf.len());
+        let split = usize::try_from(self.key_len).unwrap_or(usize::MAX).min(self.buf.len());
+        let has = |flag: u8| self.flags & flag != 0;
         vec![
             topic.clone(),
             partition.clone(),
             Value::Int(offset),
-            if self.key_len.is_some() { Value::Bytes(self.buf.slice(..split)) } else { Value::Null },
-            if self.has_value { Value::Bytes(self.buf.slice(split..)) } else { Value::Null },
-            self.timestamp.map_or(Value::Null, Value::Int),
+            if has(Self::KEY) { Value::Bytes(self.buf.slice(..split)) } else { Value::Null },
+            if has(Self::VALUE) { Value::Bytes(self.buf.slice(split..)) } else { Value::Null },
+            if has(Self::TIMESTAMP) { Value::Int(self.timestamp) } else { Value::Null },
         ]
         .into()
     }
@@ -254,6 +270,14 @@ mod tests {
 
     fn tp(topic: &str, partition: i32) -> TopicPartition {
         TopicPartition::new(Topic::new(topic).unwrap(), Partition::new(partition).unwrap())
+    }
+
+    #[test]
+    fn a_kept_message_and_its_offsets_entry_fit_in_a_cache_line() {
+        // One entry is written per message and read back at its ack, 20k or more in flight.
+        assert!(std::mem::size_of::<Stored>() <= 48, "Stored is {} bytes", std::mem::size_of::<Stored>());
+        let entry = crate::offsets::entry_size::<Stored>();
+        assert!(entry <= 64, "an offsets entry is {entry} bytes");
     }
 
     #[test]
