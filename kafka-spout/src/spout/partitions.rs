@@ -33,11 +33,24 @@ pub(super) struct PartState {
     pub(super) topic_value: Value,
     pub(super) partition_value: Value,
     pub(super) emitted: IntCounter,
+    /// Emitted since `emitted` was last moved ([`PartState::report_emitted`], per batch).
+    pub(super) emitted_unreported: u64,
     pub(super) acked: IntCounter,
+    /// Acked since `acked` was last moved (per batch of acks).
+    pub(super) acked_unreported: u64,
     pub(super) failed: IntCounter,
     pub(super) replayed: IntCounter,
     pub(super) given_up: IntCounter,
     pub(super) out_of_range: IntCounter,
+}
+
+impl PartState {
+    /// Adds what was emitted since the last report to the `emitted` counter.
+    pub(super) fn report_emitted(&mut self) {
+        if self.emitted_unreported > 0 {
+            self.emitted.inc_by(std::mem::take(&mut self.emitted_unreported));
+        }
+    }
 }
 
 /// An emitted message as a replay needs it: key and value in one shared buffer (one
@@ -162,7 +175,9 @@ impl TaskState {
             topic_value: Value::from(tp.topic.as_str()),
             partition_value: Value::Int(i64::from(tp.partition.get())),
             emitted: metrics.emitted.with_label_values(&labels),
+            emitted_unreported: 0,
             acked: metrics.acked.with_label_values(&labels),
+            acked_unreported: 0,
             failed: metrics.failed.with_label_values(&labels),
             replayed: metrics.replayed.with_label_values(&labels),
             given_up: metrics.given_up.with_label_values(&labels),
@@ -229,6 +244,31 @@ impl TaskState {
         };
         let drained = !part.emitting && part.offsets.in_flight() == 0;
         (settled, drained)
+    }
+
+    /// Applies a batch of acks under one lock and moves the acked counters once: how many
+    /// were stale, and whether a partition being revoked has nothing in flight any more.
+    pub(super) fn settle_acks(&mut self, msg_ids: &[u64]) -> (u64, bool) {
+        let (mut stale, mut drained) = (0, false);
+        for &msg_id in msg_ids {
+            let id = MsgId::decode(msg_id);
+            let Some(part) = self.parts.get_mut(&id.slot) else {
+                stale += 1;
+                continue;
+            };
+            if part.offsets.ack(id.offset(part.base)) {
+                part.acked_unreported += 1;
+            } else {
+                stale += 1;
+            }
+            drained |= !part.emitting && part.offsets.in_flight() == 0;
+        }
+        for part in self.parts.values_mut() {
+            if part.acked_unreported > 0 {
+                part.acked.inc_by(std::mem::take(&mut part.acked_unreported));
+            }
+        }
+        (stale, drained)
     }
 
     /// For a log line: each partition's first offsets still in flight (with their failures).
@@ -323,6 +363,19 @@ mod tests {
         assert_eq!((values[2].as_int(), values[5].as_int()), (Some(5), Some(7)));
         let bare = Stored::new(None, Some(b""), None).values(&Value::Null, &Value::Null, 0);
         assert_eq!((bare[3].clone(), bare[4].as_bytes().map(|b| b.len())), (Value::Null, Some(0)));
+        // A batch of acks: one stale (acked already), one of a slot never assigned; the last
+        // in flight of a partition being revoked drains it.
+        let p1 = tp("t", 1);
+        let s1 = state.insert(p1.clone(), SessionId(1), Some(100), &metrics, "spout");
+        for o in 100..103 {
+            state.get_mut(&p1).unwrap().offsets.emit(o, Stored::new(None, None, None)).unwrap();
+        }
+        let batch = [id(s1, 100), id(s1, 101), id(s1, 100), id(9999, 100)];
+        assert_eq!(state.settle_acks(&batch), (2, false));
+        assert_eq!(metrics.acked.with_label_values(&["spout", "t", "1"]).get(), 2);
+        state.get_mut(&p1).unwrap().emitting = false;
+        assert_eq!(state.settle_acks(&[id(s1, 102)]), (0, true));
+        assert_eq!(state.get(&p1).unwrap().offsets.commit_due(), Some(103));
         // Ids of unknown slots and garbage never panic.
         assert_eq!(state.settle(u64::MAX, None), (Settled::Stale, false));
         assert_eq!(state.settle(0, Some((Instant::now(), &policy))), (Settled::Stale, false));
