@@ -73,13 +73,16 @@ pub enum EmitRefused {
     Behind { offset: i64, next: i64 },
 }
 
+/// A deque entry's payload: kept small (the spout writes one per message and reads it back at
+/// the ack, 20k or more in flight: its size is cache misses). When a replay is due is in
+/// `replays` only; the entry says whether it waits for one.
 #[derive(Debug, Clone)]
 struct Outstanding<M> {
     message: M,
     /// Failures so far.
     fails: u32,
-    /// Waiting for a replay at this time (not in flight).
-    replay_at: Option<Instant>,
+    /// Waiting for a replay (in `replays`; not in flight).
+    awaiting_replay: bool,
 }
 
 /// One partition's emitted-but-unfinished messages and its committed offset.
@@ -138,7 +141,7 @@ impl<M> PartitionOffsets<M> {
     pub fn in_flight_offsets(&self, limit: usize) -> Vec<(i64, u32)> {
         self.outstanding
             .iter()
-            .filter_map(|(o, e)| e.as_ref().filter(|e| e.replay_at.is_none()).map(|e| (*o, e.fails)))
+            .filter_map(|(o, e)| e.as_ref().filter(|e| !e.awaiting_replay).map(|e| (*o, e.fails)))
             .take(limit)
             .collect()
     }
@@ -197,7 +200,7 @@ impl<M> PartitionOffsets<M> {
             return Err(EmitRefused::Behind { offset, next: self.next });
         }
         self.next = offset.saturating_add(1);
-        self.outstanding.push_back((offset, Some(Outstanding { message, fails: 0, replay_at: None })));
+        self.outstanding.push_back((offset, Some(Outstanding { message, fails: 0, awaiting_replay: false })));
         self.occupied += 1;
         Ok(())
     }
@@ -206,8 +209,10 @@ impl<M> PartitionOffsets<M> {
     pub fn ack(&mut self, offset: i64) -> bool {
         match self.take(offset) {
             Some(o) => {
-                if let Some(at) = o.replay_at {
-                    self.replays.remove(&(at, offset));
+                if o.awaiting_replay {
+                    // A verdict for a message not in flight (a duplicate): rare, so its replay
+                    // time is not kept in the entry and found here by offset.
+                    self.replays.retain(|&(_, r)| r != offset);
                 }
                 true
             }
@@ -218,14 +223,14 @@ impl<M> PartitionOffsets<M> {
     /// The message at `offset` failed at `now`: schedule its replay or give it up.
     pub fn fail(&mut self, offset: i64, now: Instant, policy: &RetryPolicy) -> FailOutcome {
         let Some(o) = self.entry(offset) else { return FailOutcome::Unknown };
-        if o.replay_at.is_some() {
+        if o.awaiting_replay {
             return FailOutcome::Unknown; // not in flight: a duplicate verdict
         }
         o.fails = o.fails.saturating_add(1);
         match policy.delay(o.fails) {
             Some(delay) => {
                 let at = now + delay;
-                o.replay_at = Some(at);
+                o.awaiting_replay = true;
                 let retry = o.fails;
                 self.replays.insert((at, offset));
                 FailOutcome::Retry { at, retry }
@@ -246,7 +251,7 @@ impl<M> PartitionOffsets<M> {
         }
         self.replays.pop_first();
         let o = self.entry(offset)?;
-        o.replay_at = None;
+        o.awaiting_replay = false;
         Some((offset, &o.message))
     }
 
@@ -270,6 +275,12 @@ impl<M> PartitionOffsets<M> {
     pub fn committed_at(&mut self, offset: i64) {
         self.committed = self.committed.max(offset);
     }
+}
+
+/// The size of one deque entry holding `M` (a test keeps the spout's within a cache line).
+#[cfg(test)]
+pub(crate) fn entry_size<M>() -> usize {
+    std::mem::size_of::<(i64, Option<Outstanding<M>>)>()
 }
 
 /// Bits of a message id holding the offset's distance from its incarnation's base.

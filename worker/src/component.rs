@@ -29,6 +29,10 @@ pub trait Spout: Send + 'static {
     fn ack(&mut self, _msg_id: u64) {}
     /// The tuple tree of `msg_id` failed or timed out (`topology.message.timeout.secs`).
     fn fail(&mut self, _msg_id: u64) {}
+    /// The verdicts of one batch (`ack`, `fail`) have all been delivered: a spout that buffers
+    /// acks to settle them together does it now. Called after every batch of verdicts, whether
+    /// or not the topology is active.
+    fn verdicts_delivered(&mut self) {}
     /// The topology became active (also called after `open` when it starts active).
     fn activate(&mut self) {}
     /// The topology was deactivated: `next_tuple` is not called until the next `activate`.

@@ -438,6 +438,9 @@ fn on_done(
             }
         }
     }
+    for spout in spouts.iter_mut() {
+        spout.verdicts_delivered();
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy)]

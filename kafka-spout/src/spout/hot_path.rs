@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use cluster_state::coord::LeaseInstant;
+use cluster_state::coord::{LeaseInstant, SessionId};
 use consumer_registry::Lease;
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
@@ -52,9 +52,6 @@ impl HotPath {
     // with the out-of-range resets librdkafka reports) in one frame under one lock, which the
     // throughput benchmark measures; `Stored`, `MsgId` and `PartitionOffsets` hold the logic.
     pub(super) fn next_tuple(&mut self, out: &mut impl Emit) -> std::result::Result<(), ComponentError> {
-        // The executor checks `topology.max.spout.pending` before each call; a batch must not
-        // overshoot it by more than itself.
-        let mut budget = self.max_pending.map_or(self.emit_batch, |max| self.emit_batch.min(max.max(1)));
         // The fence (consumer-registry's lease.rs): one clock read per batch. A process that
         // was stopped past the lease finds it over here, before it polls anything.
         let Some(session) = self.lease.valid_session(LeaseInstant::now()) else { return Ok(()) };
@@ -62,6 +59,24 @@ impl HotPath {
         if state.paused {
             return Ok(());
         }
+        let result = self.emit_batch(&mut state, session, out);
+        // The emitted counters move once per batch: an atomic add per message drained the
+        // store buffer (the message's deque entry and tuple) on the spout thread's path.
+        for part in state.parts.values_mut() {
+            part.report_emitted();
+        }
+        result
+    }
+
+    fn emit_batch(
+        &self,
+        state: &mut TaskState,
+        session: SessionId,
+        out: &mut impl Emit,
+    ) -> std::result::Result<(), ComponentError> {
+        // The executor checks `topology.max.spout.pending` before each call; a batch must not
+        // overshoot it by more than itself.
+        let mut budget = self.max_pending.map_or(self.emit_batch, |max| self.emit_batch.min(max.max(1)));
         // Every message in flight is kept for its replay: new ones are bounded (and with them
         // the memory); replays of those already kept are not, or a full window of failures
         // could never drain.
@@ -158,7 +173,7 @@ impl HotPath {
             if part.offsets.emit(offset, stored).is_err() {
                 continue;
             }
-            part.emitted.inc();
+            part.emitted_unreported += 1;
             budget -= 1;
             room -= 1;
             out.emit(values, id.encode())?;
@@ -175,7 +190,6 @@ mod tests {
     use crate::config::KafkaSpoutConfig;
     use crate::context::SpoutContext;
     use crate::metrics::SpoutMetrics;
-    use cluster_state::coord::SessionId;
     use cluster_state::ids::{Partition, Topic};
     use consumer_registry::TopicPartition;
     use rdkafka::consumer::Consumer as _;
@@ -254,6 +268,9 @@ mod tests {
         };
         let mut out = Emitted::default();
         emit_until(&mut hot, &mut out, 5);
+        // Counted per batch, and every batch's count reported before the call returns.
+        let emitted_total = metrics.emitted.with_label_values(&["spout", "t", "0"]);
+        assert_eq!(emitted_total.get(), out.0.len() as u64);
 
         // The process stops (or stalls) for the whole lease between two calls: nothing more,
         // though librdkafka has the rest of the partition ready.

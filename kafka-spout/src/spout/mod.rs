@@ -5,7 +5,8 @@
 //! - the executor thread ([`KafkaSpout`]'s `Spout` methods; emitting in `hot_path.rs`) polls
 //!   librdkafka, emits while the ownership lease allows, and applies acks and fails to the
 //!   per-partition offset trackers. It takes the lock once per `next_tuple` (a batch of
-//!   messages) and once per ack.
+//!   messages) and once per batch of acks (buffered until the executor's
+//!   `verdicts_delivered`; a fail applies them first).
 //! - the coordinator (`coordinator.rs`), a thread with a current-thread tokio runtime, runs the registry
 //!   [`Member`] and acts on its events in order: assigns partitions at their committed (or
 //!   reset) offsets, drains and commits revoked ones before acknowledging the hand-off, pauses
@@ -53,6 +54,9 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
 const JOIN_RETRY: Duration = Duration::from_secs(5);
 /// Attempts at reading a newly assigned partition's start position before leaving it idle.
 const START_ATTEMPTS: u32 = 5;
+/// Acks buffered before they are applied even if the executor's batch goes on (bounds the
+/// buffer when an executor delivers many verdicts at once).
+const MAX_BUFFERED_ACKS: usize = 4096;
 
 /// What every spout task of a process shares: metric families, and optionally an ensemble
 /// (the in-memory one of `squall local` and tests) instead of `zookeeper_connect`.
@@ -112,6 +116,8 @@ struct Running {
     handle: MemberHandle,
     stale_acks: IntCounter,
     retry: RetryPolicy,
+    /// Acks delivered and not applied yet (until the end of the executor's batch).
+    acks: Vec<u64>,
 }
 
 impl KafkaSpout {
@@ -240,6 +246,7 @@ impl KafkaSpout {
             rejoin: false,
             handle,
             retry: config.retry.clone(),
+            acks: Vec::new(),
         });
         Ok(())
     }
@@ -271,12 +278,33 @@ impl KafkaSpout {
 }
 
 impl Running {
-    fn settle(&mut self, msg_id: u64, failed: bool) {
-        // The clock is read only for a failure's replay time (acks are the hot path).
-        let fail = failed.then(|| (Instant::now(), &self.retry));
-        let (settled, drained) = lock(&self.state).settle(msg_id, fail);
-        if settled == Settled::Stale {
-            self.stale_acks.inc();
+    /// Buffers an ack: [`Running::settle_acks`] applies them at the end of the executor's
+    /// batch of verdicts (one lock and one counter update per batch, not per message).
+    fn ack(&mut self, msg_id: u64) {
+        self.acks.push(msg_id);
+        if self.acks.len() >= MAX_BUFFERED_ACKS {
+            self.settle_acks();
+        }
+    }
+
+    fn settle_acks(&mut self) {
+        if self.acks.is_empty() {
+            return;
+        }
+        let (stale, drained) = lock(&self.state).settle_acks(&self.acks);
+        self.acks.clear();
+        self.after_settle(stale, drained);
+    }
+
+    fn fail(&mut self, msg_id: u64) {
+        self.settle_acks();
+        let (settled, drained) = lock(&self.state).settle(msg_id, Some((Instant::now(), &self.retry)));
+        self.after_settle(u64::from(settled == Settled::Stale), drained);
+    }
+
+    fn after_settle(&self, stale: u64, drained: bool) {
+        if stale > 0 {
+            self.stale_acks.inc_by(stale);
         }
         if drained {
             self.drained.notify_one();
@@ -297,6 +325,7 @@ impl Running {
     }
 
     fn close(&mut self) {
+        self.settle_acks(); // the final commit counts them
         self.cancel.cancel();
         if self.thread.is_none() {
             return; // already ended (left the group on deactivate)
@@ -339,13 +368,19 @@ impl Spout for KafkaSpout {
 
     fn ack(&mut self, msg_id: u64) {
         if let Some(r) = &mut self.running {
-            r.settle(msg_id, false);
+            r.ack(msg_id);
         }
     }
 
     fn fail(&mut self, msg_id: u64) {
         if let Some(r) = &mut self.running {
-            r.settle(msg_id, true);
+            r.fail(msg_id);
+        }
+    }
+
+    fn verdicts_delivered(&mut self) {
+        if let Some(r) = &mut self.running {
+            r.settle_acks();
         }
     }
 

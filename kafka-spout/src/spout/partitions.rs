@@ -33,26 +33,46 @@ pub(super) struct PartState {
     pub(super) topic_value: Value,
     pub(super) partition_value: Value,
     pub(super) emitted: IntCounter,
+    /// Emitted since `emitted` was last moved ([`PartState::report_emitted`], per batch).
+    pub(super) emitted_unreported: u64,
     pub(super) acked: IntCounter,
+    /// Acked since `acked` was last moved (per batch of acks).
+    pub(super) acked_unreported: u64,
     pub(super) failed: IntCounter,
     pub(super) replayed: IntCounter,
     pub(super) given_up: IntCounter,
     pub(super) out_of_range: IntCounter,
 }
 
+impl PartState {
+    /// Adds what was emitted since the last report to the `emitted` counter.
+    pub(super) fn report_emitted(&mut self) {
+        if self.emitted_unreported > 0 {
+            self.emitted.inc_by(std::mem::take(&mut self.emitted_unreported));
+        }
+    }
+}
+
 /// An emitted message as a replay needs it: key and value in one shared buffer (one
 /// allocation per message; clones and slices only count references, so the emitted tuple and
-/// this copy share it), and the timestamp.
+/// this copy share it), and the timestamp. 48 bytes: it is most of an offsets deque entry, one
+/// per message in flight, so which parts are present is one byte of flags.
 #[derive(Debug, Clone)]
 pub(super) struct Stored {
     pub(super) buf: Bytes,
-    /// Length of the key in `buf`; `None` for a message without key.
-    pub(super) key_len: Option<usize>,
-    pub(super) has_value: bool,
-    pub(super) timestamp: Option<i64>,
+    /// Meaningful with [`Stored::TIMESTAMP`].
+    timestamp: i64,
+    /// Length of the key in `buf` (Kafka caps a message far below 4 GiB).
+    key_len: u32,
+    /// [`Stored::KEY`], [`Stored::VALUE`], [`Stored::TIMESTAMP`]: which are present.
+    flags: u8,
 }
 
 impl Stored {
+    const KEY: u8 = 1;
+    const VALUE: u8 = 2;
+    const TIMESTAMP: u8 = 4;
+
     pub(super) fn new(key: Option<&[u8]>, value: Option<&[u8]>, timestamp: Option<i64>) -> Self {
         let (k, v) = (key.unwrap_or_default(), value.unwrap_or_default());
         let buf = if k.is_empty() && v.is_empty() {
@@ -63,19 +83,28 @@ impl Stored {
             buf.extend_from_slice(v);
             Bytes::from_owner(buf)
         };
-        Stored { buf, key_len: key.map(<[u8]>::len), has_value: value.is_some(), timestamp }
+        let flag = |present: bool, flag: u8| if present { flag } else { 0 };
+        Stored {
+            buf,
+            timestamp: timestamp.unwrap_or(0),
+            key_len: u32::try_from(k.len()).unwrap_or(u32::MAX),
+            flags: flag(key.is_some(), Self::KEY)
+                | flag(value.is_some(), Self::VALUE)
+                | flag(timestamp.is_some(), Self::TIMESTAMP),
+        }
     }
 
     /// The tuple: topic, partition, offset, key, value, timestamp.
     pub(super) fn values(&self, topic: &Value, partition: &Value, offset: i64) -> Values {
-        let split = self.key_len.unwrap_or(0).min(self.buf.len());
+        let split = usize::try_from(self.key_len).unwrap_or(usize::MAX).min(self.buf.len());
+        let has = |flag: u8| self.flags & flag != 0;
         vec![
             topic.clone(),
             partition.clone(),
             Value::Int(offset),
-            if self.key_len.is_some() { Value::Bytes(self.buf.slice(..split)) } else { Value::Null },
-            if self.has_value { Value::Bytes(self.buf.slice(split..)) } else { Value::Null },
-            self.timestamp.map_or(Value::Null, Value::Int),
+            if has(Self::KEY) { Value::Bytes(self.buf.slice(..split)) } else { Value::Null },
+            if has(Self::VALUE) { Value::Bytes(self.buf.slice(split..)) } else { Value::Null },
+            if has(Self::TIMESTAMP) { Value::Int(self.timestamp) } else { Value::Null },
         ]
         .into()
     }
@@ -146,7 +175,9 @@ impl TaskState {
             topic_value: Value::from(tp.topic.as_str()),
             partition_value: Value::Int(i64::from(tp.partition.get())),
             emitted: metrics.emitted.with_label_values(&labels),
+            emitted_unreported: 0,
             acked: metrics.acked.with_label_values(&labels),
+            acked_unreported: 0,
             failed: metrics.failed.with_label_values(&labels),
             replayed: metrics.replayed.with_label_values(&labels),
             given_up: metrics.given_up.with_label_values(&labels),
@@ -215,6 +246,31 @@ impl TaskState {
         (settled, drained)
     }
 
+    /// Applies a batch of acks under one lock and moves the acked counters once: how many
+    /// were stale, and whether a partition being revoked has nothing in flight any more.
+    pub(super) fn settle_acks(&mut self, msg_ids: &[u64]) -> (u64, bool) {
+        let (mut stale, mut drained) = (0, false);
+        for &msg_id in msg_ids {
+            let id = MsgId::decode(msg_id);
+            let Some(part) = self.parts.get_mut(&id.slot) else {
+                stale += 1;
+                continue;
+            };
+            if part.offsets.ack(id.offset(part.base)) {
+                part.acked_unreported += 1;
+            } else {
+                stale += 1;
+            }
+            drained |= !part.emitting && part.offsets.in_flight() == 0;
+        }
+        for part in self.parts.values_mut() {
+            if part.acked_unreported > 0 {
+                part.acked.inc_by(std::mem::take(&mut part.acked_unreported));
+            }
+        }
+        (stale, drained)
+    }
+
     /// For a log line: each partition's first offsets still in flight (with their failures).
     pub(super) fn in_flight_sample(&self, partitions: &BTreeSet<TopicPartition>) -> String {
         partitions
@@ -254,6 +310,14 @@ mod tests {
 
     fn tp(topic: &str, partition: i32) -> TopicPartition {
         TopicPartition::new(Topic::new(topic).unwrap(), Partition::new(partition).unwrap())
+    }
+
+    #[test]
+    fn a_kept_message_and_its_offsets_entry_fit_in_a_cache_line() {
+        // One entry is written per message and read back at its ack, 20k or more in flight.
+        assert!(std::mem::size_of::<Stored>() <= 48, "Stored is {} bytes", std::mem::size_of::<Stored>());
+        let entry = crate::offsets::entry_size::<Stored>();
+        assert!(entry <= 64, "an offsets entry is {entry} bytes");
     }
 
     #[test]
@@ -299,6 +363,19 @@ mod tests {
         assert_eq!((values[2].as_int(), values[5].as_int()), (Some(5), Some(7)));
         let bare = Stored::new(None, Some(b""), None).values(&Value::Null, &Value::Null, 0);
         assert_eq!((bare[3].clone(), bare[4].as_bytes().map(|b| b.len())), (Value::Null, Some(0)));
+        // A batch of acks: one stale (acked already), one of a slot never assigned; the last
+        // in flight of a partition being revoked drains it.
+        let p1 = tp("t", 1);
+        let s1 = state.insert(p1.clone(), SessionId(1), Some(100), &metrics, "spout");
+        for o in 100..103 {
+            state.get_mut(&p1).unwrap().offsets.emit(o, Stored::new(None, None, None)).unwrap();
+        }
+        let batch = [id(s1, 100), id(s1, 101), id(s1, 100), id(9999, 100)];
+        assert_eq!(state.settle_acks(&batch), (2, false));
+        assert_eq!(metrics.acked.with_label_values(&["spout", "t", "1"]).get(), 2);
+        state.get_mut(&p1).unwrap().emitting = false;
+        assert_eq!(state.settle_acks(&[id(s1, 102)]), (0, true));
+        assert_eq!(state.get(&p1).unwrap().offsets.commit_due(), Some(103));
         // Ids of unknown slots and garbage never panic.
         assert_eq!(state.settle(u64::MAX, None), (Settled::Stale, false));
         assert_eq!(state.settle(0, Some((Instant::now(), &policy))), (Settled::Stale, false));
