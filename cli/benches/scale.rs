@@ -171,6 +171,7 @@ impl BeatSource for SimBeats {
                 executor_stats: stats(&a.executors, *start, now),
                 metrics_endpoint: None,
                 metrics_scheme: MetricsScheme::Http,
+                workerbeats_zk_secs: Some(WORKERBEATS_ZK_EVERY.as_secs()),
             })
             .collect()
     }

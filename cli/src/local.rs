@@ -300,9 +300,10 @@ impl Launcher for InProcessLauncher {
         };
         let worker::cli::PreparedWorker { args, mut config, topology, paths } =
             worker::cli::prepare(spec.launch.clone(), &self.registry).map_err(|e| failed(e.to_string()))?;
-        // Its workerbeat node is the supervisor's to write, every second here (the
-        // supervisor's `squall.workerbeats.zk.secs`), so progress lines are fresh.
+        // Its workerbeat node (which the supervisor writes, as the worker's heartbeat file
+        // says) every second, so progress lines are fresh.
         config.zk_heartbeat_frequency_secs = 1;
+        config.workerbeats_zk_secs = Some(1);
         config.shutdown_drain_ms = DRAIN.as_millis() as u64 / 2;
         let pid = self.next_pid.fetch_add(1, Ordering::Relaxed);
         let (stop, done) = (CancellationToken::new(), CancellationToken::new());
@@ -497,8 +498,6 @@ async fn run_cluster(
         slots_ports: free_ports(workers)?,
         monitor_frequency_secs: 1,
         heartbeat_frequency_secs: 1,
-        // Progress lines read the workerbeats (over in-memory coordination): every second.
-        workerbeats_zk_secs: 1,
         worker_shutdown_sleep_secs: DRAIN.as_secs(),
         nimbus_address: nimbus_address.clone(),
         hostname: Some("127.0.0.1".into()),

@@ -181,6 +181,7 @@ mod tests {
             executor_stats: vec![],
             metrics_endpoint: None,
             metrics_scheme: cluster_state::znode::MetricsScheme::Http,
+            workerbeats_zk_secs: None,
         }
     }
 

@@ -59,19 +59,19 @@ pub fn workerbeat_of(local: &LocalWorkerHeartbeat) -> WorkerHeartbeat {
     }
 }
 
-/// A round's changes, pure: `current` (node path -> beat) against what was `written`. New
-/// nodes are always created and nodes no longer current deleted; changed content is written
-/// only when `round_due` (Z has passed since the last round that could write it).
+/// A round's changes, pure: `current` (node path -> beat, and whether its round is due: Z
+/// has passed since the last round that could write it) against what was `written`. New nodes
+/// are always created and nodes no longer current deleted; changed content is written only
+/// when due.
 pub fn plan(
     written: &BTreeMap<String, WorkerHeartbeat>,
-    current: &BTreeMap<String, WorkerHeartbeat>,
-    round_due: bool,
+    current: &BTreeMap<String, (WorkerHeartbeat, bool)>,
 ) -> Vec<(String, Change)> {
     let mut changes = Vec::new();
-    for (path, beat) in current {
+    for (path, (beat, due)) in current {
         match written.get(path) {
             None => changes.push((path.clone(), Change::Create(beat.clone()))),
-            Some(last) if round_due && beat.content_differs(last) => {
+            Some(last) if *due && beat.content_differs(last) => {
                 changes.push((path.clone(), Change::Set(beat.clone())));
             }
             Some(_) => {}
@@ -183,7 +183,9 @@ pub struct Workerbeats {
     /// What was last written to each node, by path (kept across sessions: the nodes are
     /// persistent; a node changed behind our back is found by the next write).
     written: BTreeMap<String, WorkerHeartbeat>,
-    last_round: Option<Instant>,
+    /// When the last round of each Z (`squall.workerbeats.zk.secs`, per topology) was due:
+    /// topologies with the same Z share their rounds, so their nodes share transactions.
+    rounds: BTreeMap<Duration, Instant>,
     /// Topologies whose `/workerbeats/<id>` is gone: not written while their workers remain.
     gone: BTreeSet<TopologyId>,
 }
@@ -200,7 +202,8 @@ impl std::fmt::Debug for Workerbeats {
 }
 
 impl Workerbeats {
-    /// Writes the nodes of `source`'s workers at most every `every` (Z).
+    /// Writes the nodes of `source`'s workers at most every Z: the topology's, as each
+    /// worker's heartbeat file says, else `every` (an older worker's).
     pub fn new(
         paths: StormPaths,
         supervisor_id: SupervisorId,
@@ -213,7 +216,7 @@ impl Workerbeats {
             every,
             source,
             written: BTreeMap::new(),
-            last_round: None,
+            rounds: BTreeMap::new(),
             gone: BTreeSet::new(),
         }
     }
@@ -226,24 +229,34 @@ impl Workerbeats {
         let beats = self.source.beats();
         let present: BTreeSet<TopologyId> = beats.iter().map(|b| b.topology_id.clone()).collect();
         self.gone.retain(|t| present.contains(t));
-        let mut current = BTreeMap::new();
+        let mut current: BTreeMap<String, (WorkerHeartbeat, Duration)> = BTreeMap::new();
         for local in beats.iter().filter(|b| !self.gone.contains(&b.topology_id)) {
             let slot = WorkerSlot { node: self.supervisor_id.clone(), port: local.port };
             let beat = workerbeat_of(local);
+            let every = local.workerbeats_zk_secs.map_or(self.every, |secs| Duration::from_secs(secs.max(1)));
             let path = self.paths.workerbeat(&local.topology_id, &slot);
             // One node per slot: a stale file of a replaced worker loses.
             match current.get(&path) {
-                Some(WorkerHeartbeat { time_secs, .. }) if *time_secs >= beat.time_secs => {}
+                Some((WorkerHeartbeat { time_secs, .. }, _)) if *time_secs >= beat.time_secs => {}
                 _ => {
-                    current.insert(path, beat);
+                    current.insert(path, (beat, every));
                 }
             }
         }
-        let due = self.last_round.is_none_or(|at| now.saturating_duration_since(at) >= self.every);
-        let changes = plan(&self.written, &current, due);
-        if due {
-            self.last_round = Some(now);
+        let used: BTreeSet<Duration> = current.values().map(|(_, every)| *every).collect();
+        self.rounds.retain(|every, _| used.contains(every));
+        let due: BTreeSet<Duration> = used
+            .into_iter()
+            .filter(|every| {
+                self.rounds.get(every).is_none_or(|at| now.saturating_duration_since(*at) >= *every)
+            })
+            .collect();
+        for every in &due {
+            self.rounds.insert(*every, now);
         }
+        let current: BTreeMap<String, (WorkerHeartbeat, bool)> =
+            current.into_iter().map(|(path, (beat, every))| (path, (beat, due.contains(&every)))).collect();
+        let changes = plan(&self.written, &current);
         let mut transactions = 0;
         for batch in batches(changes, MAX_MULTI_BYTES) {
             let done = commit(session, batch).await?;
@@ -259,7 +272,7 @@ impl Workerbeats {
                 }
             }
             for path in done.parent_gone {
-                if let Some(beat) = current.get(&path) {
+                if let Some((beat, _)) = current.get(&path) {
                     tracing::info!(topology = %beat.topology_id, "the topology's workerbeats directory is gone (killed?); not writing its workers' nodes");
                     self.gone.insert(beat.topology_id.clone());
                 }
@@ -301,6 +314,13 @@ mod tests {
         entries.iter().map(|(p, b)| ((*p).to_owned(), b.clone())).collect()
     }
 
+    fn due(
+        beats: &BTreeMap<String, WorkerHeartbeat>,
+        due: bool,
+    ) -> BTreeMap<String, (WorkerHeartbeat, bool)> {
+        beats.iter().map(|(p, b)| (p.clone(), (b.clone(), due))).collect()
+    }
+
     #[test]
     fn new_nodes_at_once_changed_ones_only_when_due_gone_ones_deleted() {
         let written = map(&[("/a", beat(10)), ("/b", beat(10)), ("/c", beat(10))]);
@@ -320,9 +340,9 @@ mod tests {
                 })
                 .collect::<Vec<_>>()
         };
-        assert_eq!(paths(plan(&written, &current, true)), ["set /a", "create /d", "delete /c"]);
-        assert_eq!(paths(plan(&written, &current, false)), ["create /d", "delete /c"]);
-        assert!(plan(&current, &current, true).is_empty());
+        assert_eq!(paths(plan(&written, &due(&current, true))), ["set /a", "create /d", "delete /c"]);
+        assert_eq!(paths(plan(&written, &due(&current, false))), ["create /d", "delete /c"]);
+        assert!(plan(&current, &due(&current, true)).is_empty());
     }
 
     #[test]
@@ -347,6 +367,7 @@ mod tests {
             executor_stats: beat(5).executor_stats,
             metrics_endpoint: Some("h:1".into()),
             metrics_scheme: MetricsScheme::Https,
+            workerbeats_zk_secs: None,
         };
         let node = workerbeat_of(&local);
         assert_eq!((node.start_time_secs, node.time_secs, node.uptime_secs), (100, 250, 150));

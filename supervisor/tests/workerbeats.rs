@@ -48,6 +48,7 @@ fn local_beat(topology: &TopologyId, port: u16, acked: u64) -> LocalWorkerHeartb
         }],
         metrics_endpoint: None,
         metrics_scheme: MetricsScheme::Http,
+        workerbeats_zk_secs: Some(Z.as_secs()),
     }
 }
 

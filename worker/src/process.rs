@@ -514,6 +514,7 @@ async fn run_session(
                     executor_stats: worker.runtime.stats().iter().map(|s| s.snapshot()).collect(),
                     metrics_endpoint: metrics_endpoint.clone(),
                     metrics_scheme,
+                    workerbeats_zk_secs: Some(zk_beat_every.as_secs()),
                 };
                 if let Err(e) = write_local_heartbeat(&beat_path, &beat) {
                     tracing::warn!(error = %e, "cannot write the local heartbeat");
