@@ -452,12 +452,15 @@ pub async fn run(
         },
         used_ports: ports_rx,
         heartbeat_interval: Duration::from_secs(config.heartbeat_frequency_secs),
-        workerbeats: Some(Workerbeats::new(
-            paths.clone(),
-            supervisor_id.clone(),
-            Duration::from_secs(config.workerbeats_zk_secs),
-            Box::new(local_files),
-        )),
+        workerbeats: Some(
+            Workerbeats::new(
+                paths.clone(),
+                supervisor_id.clone(),
+                Duration::from_secs(config.workerbeats_zk_secs),
+                Box::new(local_files),
+            )
+            .with_metrics(metrics.clone()),
+        ),
     };
     tasks.spawn(registration.run(shutdown.child_token()));
     // Workers rotate their worker.log; their stdout and stderr the supervisor does.

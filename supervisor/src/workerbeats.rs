@@ -29,6 +29,7 @@ use cluster_state::znode::{LocalWorkerHeartbeat, WorkerHeartbeat, ZnodeData};
 use tokio::time::Instant;
 
 use crate::heartbeat::BeatSource;
+use crate::metrics::SupervisorMetrics;
 
 /// The most node data (and paths) one transaction carries: half of ZooKeeper's default
 /// `jute.maxbuffer` (1 MB), leaving room for the request's framing.
@@ -188,6 +189,7 @@ pub struct Workerbeats {
     rounds: BTreeMap<Duration, Instant>,
     /// Topologies whose `/workerbeats/<id>` is gone: not written while their workers remain.
     gone: BTreeSet<TopologyId>,
+    metrics: Option<SupervisorMetrics>,
 }
 
 impl std::fmt::Debug for Workerbeats {
@@ -218,7 +220,14 @@ impl Workerbeats {
             written: BTreeMap::new(),
             rounds: BTreeMap::new(),
             gone: BTreeSet::new(),
+            metrics: None,
         }
+    }
+
+    /// Counts transactions and skipped writes in `metrics` (`squall_supervisor_workerbeat_*`).
+    pub fn with_metrics(mut self, metrics: SupervisorMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// One round at `now` (the instant of the supervisor's evenly spaced tick, so a round that
@@ -261,6 +270,13 @@ impl Workerbeats {
         for batch in batches(changes, MAX_MULTI_BYTES) {
             let done = commit(session, batch).await?;
             transactions += done.attempts;
+            if let Some(m) = &self.metrics {
+                m.workerbeat_transactions.inc_by(done.attempts as u64);
+                m.workerbeat_skipped
+                    .with_label_values(&["topology_gone"])
+                    .inc_by(done.parent_gone.len() as u64);
+                m.workerbeat_skipped.with_label_values(&["refused"]).inc_by(done.dropped.len() as u64);
+            }
             for (path, change) in done.applied {
                 match change {
                     Change::Create(beat) | Change::Set(beat) => {

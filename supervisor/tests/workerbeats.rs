@@ -15,6 +15,7 @@ use cluster_state::znode::{
     ExecutorStats, LocalWorkerHeartbeat, MetricsScheme, SupervisorInfo, WorkerHeartbeat, ZnodeData,
 };
 use supervisor::heartbeat::{LocalFiles, RunningWorker};
+use supervisor::metrics::SupervisorMetrics;
 use supervisor::registration::Registration;
 use supervisor::workerbeats::Workerbeats;
 use test_harness::{ZkServer, eventually};
@@ -99,6 +100,7 @@ async fn one_transaction_for_all_workers_changes_within_z_and_a_killed_topology_
     let (workers_tx, workers_rx) = watch::channel(workers.clone());
     let source = LocalFiles { local_dir: dir.path().to_owned(), workers: workers_rx };
     let (_ports_tx, used_ports) = watch::channel(vec![6700, 6701, 6702]);
+    let metrics = SupervisorMetrics::register(&prometheus::Registry::new()).unwrap();
     let registration = Registration {
         ensemble: ensemble.clone(),
         session_options: SessionOptions::default(),
@@ -116,7 +118,9 @@ async fn one_transaction_for_all_workers_changes_within_z_and_a_killed_topology_
         },
         used_ports,
         heartbeat_interval: BEAT,
-        workerbeats: Some(Workerbeats::new(paths.clone(), sup(), Z, Box::new(source))),
+        workerbeats: Some(
+            Workerbeats::new(paths.clone(), sup(), Z, Box::new(source)).with_metrics(metrics.clone()),
+        ),
     };
     let cancel = CancellationToken::new();
     let task = tokio::spawn(registration.run(cancel.clone()));
@@ -167,6 +171,9 @@ async fn one_transaction_for_all_workers_changes_within_z_and_a_killed_topology_
         None,
         "no killed topology is recreated"
     );
+    let gone = metrics.workerbeat_skipped.with_label_values(&["topology_gone"]).get();
+    assert_eq!(gone, 1, "the killed topology's node was tried once, then left out");
+    assert_eq!(metrics.workerbeat_skipped.with_label_values(&["refused"]).get(), 0);
 
     // A worker that stops has its node removed.
     workers_tx.send(workers[..1].to_vec()).unwrap();
@@ -178,6 +185,11 @@ async fn one_transaction_for_all_workers_changes_within_z_and_a_killed_topology_
 
     cancel.cancel();
     task.await.unwrap();
+    // The first write (one taken-over node: two tries), two changes, the kill (the missing
+    // parent and the missing node: up to three tries), the worker gone: transactions grow with
+    // rounds, not with workers.
+    let sent = metrics.workerbeat_transactions.get();
+    assert!((4..=12).contains(&sent), "{sent} workerbeat transactions");
 }
 
 /// The node the supervisor writes for [`local_beat`].
