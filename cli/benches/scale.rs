@@ -7,10 +7,10 @@
 //! workers of the 10% of supervisors killed at the end have free slots to go to); each spout task
 //! is a real consumer-registry [`Member`] owning one partition and committing its offset
 //! through [`consumer_registry::OffsetStore::commit`] every `offsets.commit.interval.ms`
-//! (2 s, or `SQUALL_SCALE_COMMIT_MS`) as the Kafka spout does; each simulated worker writes its `/storm/workerbeats` node
-//! under the worker's own rule ([`WorkerbeatThrottle`], `squall.workerbeats.zk.secs` 60),
-//! from a small pool of sessions (a real worker has a session of its own; sessions cost no
-//! transactions but their creation).
+//! (2 s, or `SQUALL_SCALE_COMMIT_MS`) as the Kafka spout does; each simulated supervisor
+//! writes its workers' `/storm/workerbeats` nodes as a real one does ([`Workerbeats`] on its
+//! registration's session: one `multi` of the changed nodes at most every
+//! `squall.workerbeats.zk.secs`, 60).
 //!
 //! For each S it prints: ZooKeeper transactions/s at steady state (the server's zxid) and the
 //! bytes/s and node writes/s under `/storm` and `/consumers` (`mntr`'s write_per_namespace),
@@ -30,7 +30,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -43,7 +43,7 @@ use cluster_state::metrics::CoordMetrics;
 use cluster_state::paths::{KafkaPaths, StormPaths};
 use cluster_state::znode::{
     Assignment, ExecutorStats, LocalWorkerHeartbeat, MetricsScheme, SupervisorInfo, TopicRegistration,
-    WorkerHeartbeat, WorkerbeatThrottle, ZnodeData,
+    ZnodeData,
 };
 use consumer_registry::{
     Member, MemberEvent, MemberHandle, MemberSpec, RegistryConfig, RegistryMetrics, TopicPartition,
@@ -53,6 +53,7 @@ use supervisor::heartbeat::{BeatSource, Reporter, RunningWorker};
 use supervisor::plan::LocalAssignment;
 use supervisor::registration::Registration;
 use supervisor::sync::{Node, SyncLoop};
+use supervisor::workerbeats::Workerbeats;
 use test_harness::{ZkServer, eventually};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -73,11 +74,8 @@ const SUPERVISOR_TICK: Duration = Duration::from_secs(3);
 /// Storm's defaults.yaml: `nimbus.monitor.freq.secs` 10, `nimbus.supervisor.timeout.secs` 60.
 const MONITOR_SECS: u64 = 10;
 const SUPERVISOR_TIMEOUT_SECS: u64 = 60;
-/// The worker's ZooKeeper heartbeat tick (`worker::process`, 3 s) and `squall.workerbeats.zk.secs`.
-const WORKER_ZK_TICK: Duration = Duration::from_secs(3);
+/// The supervisor's `squall.workerbeats.zk.secs`.
 const WORKERBEATS_ZK_EVERY: Duration = Duration::from_secs(60);
-/// Sessions shared by the simulated workers' workerbeat writes.
-const WRITER_SESSIONS: usize = 16;
 /// Tuples a simulated executor handles per second (its counters grow, so its workerbeat
 /// content changes as a busy worker's does).
 const TUPLES_PER_SEC: u64 = 1000;
@@ -99,7 +97,7 @@ fn now_secs() -> u64 {
 }
 
 /// What one simulated supervisor runs: port -> (what, since when). Shared by its [`Node`]
-/// (the sync task writes it) and its [`BeatSource`] and workerbeat writer (which read it).
+/// (the sync task writes it) and its [`BeatSource`]s (the reporter's and the workerbeats', which read it).
 type Running = Arc<Mutex<BTreeMap<u16, (LocalAssignment, u64)>>>;
 
 /// The simulated workers of one supervisor: "started" the moment their port is assigned.
@@ -173,61 +171,9 @@ impl BeatSource for SimBeats {
                 executor_stats: stats(&a.executors, *start, now),
                 metrics_endpoint: None,
                 metrics_scheme: MetricsScheme::Http,
+                workerbeats_zk_secs: Some(WORKERBEATS_ZK_EVERY.as_secs()),
             })
             .collect()
-    }
-}
-
-/// Each simulated worker's `/storm/workerbeats` node, written as `worker::process` does: every
-/// tick, through [`WorkerbeatThrottle`].
-async fn write_workerbeats(
-    supervisor: SupervisorId,
-    running: Running,
-    session: Arc<Session>,
-    paths: StormPaths,
-    cancel: CancellationToken,
-) {
-    let mut throttles: HashMap<(u16, u64), WorkerbeatThrottle> = HashMap::new();
-    // Workers of a long-running cluster started at all sorts of times, so their once-a-minute
-    // writes are spread over the minute, not all at the submit's second: each supervisor's
-    // workers begin at a phase of their own.
-    let phase = WORKERBEATS_ZK_EVERY.mul_f64(rand_fraction(supervisor.as_str()));
-    tokio::select! {
-        () = cancel.cancelled() => return,
-        () = tokio::time::sleep(phase) => {}
-    }
-    let mut tick = tokio::time::interval(WORKER_ZK_TICK);
-    loop {
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let now = now_secs();
-        let workers: Vec<(u16, LocalAssignment, u64)> =
-            running.lock().unwrap().iter().map(|(p, (a, s))| (*p, a.clone(), *s)).collect();
-        throttles.retain(|key, _| workers.iter().any(|(p, _, s)| (*p, *s) == *key));
-        for (port, assignment, start) in workers {
-            let beat = WorkerHeartbeat {
-                topology_id: assignment.topology_id.clone(),
-                executor_stats: stats(&assignment.executors, start, now),
-                start_time_secs: start,
-                time_secs: now,
-                uptime_secs: now - start,
-                metrics_endpoint: None,
-                metrics_scheme: MetricsScheme::Http,
-            };
-            let throttle = throttles
-                .entry((port, start))
-                .or_insert_with(|| WorkerbeatThrottle::new(WORKERBEATS_ZK_EVERY));
-            if !throttle.due(&beat, Instant::now()) {
-                continue;
-            }
-            let slot = cluster_state::ids::WorkerSlot { node: supervisor.clone(), port };
-            let path = paths.workerbeat(&assignment.topology_id, &slot);
-            if session.set_or_create(&path, &beat.encode()).await.is_ok() {
-                throttle.written(beat, Instant::now());
-            }
-        }
     }
 }
 
@@ -240,7 +186,6 @@ fn start_supervisor(
     n: usize,
     ensemble: &Ensemble,
     nimbus: &str,
-    writer: Arc<Session>,
     sync_metrics: &CoordMetrics,
     tasks: &mut tokio::task::JoinSet<()>,
 ) -> SimSupervisor {
@@ -269,6 +214,12 @@ fn start_supervisor(
         },
         used_ports: ports_rx,
         heartbeat_interval: HEARTBEAT_EVERY,
+        workerbeats: Some(Workerbeats::new(
+            paths.clone(),
+            id.clone(),
+            WORKERBEATS_ZK_EVERY,
+            Box::new(SimBeats { running: running.clone() }),
+        )),
     };
     tasks.spawn(registration.run(cancel.child_token()));
     let reporter = Reporter {
@@ -278,7 +229,6 @@ fn start_supervisor(
         source: SimBeats { running: running.clone() },
     };
     tasks.spawn(reporter.run(cancel.child_token()));
-    tasks.spawn(write_workerbeats(id.clone(), running.clone(), writer, paths.clone(), cancel.child_token()));
     let sync = SyncLoop {
         ensemble: ensemble.clone(),
         session_options,
@@ -559,17 +509,12 @@ async fn run(s: usize, window: Duration) -> Figures {
     // Supervisors, in batches (thousands of sessions opening at once would time out).
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
-    let mut writers = Vec::new();
-    for _ in 0..WRITER_SESSIONS {
-        writers.push(Arc::new(ensemble.connect(&SessionOptions::default()).await.unwrap()));
-    }
     // The simulated supervisors' sync sessions share one set of request counters: what they
     // read from ZooKeeper (getData) during the reassignment.
     let sync_metrics = CoordMetrics::register(&prometheus::Registry::new()).unwrap();
     let mut supervisors = Vec::new();
     for n in 0..s {
-        let writer = writers[n % WRITER_SESSIONS].clone();
-        supervisors.push(start_supervisor(n, &ensemble, &address, writer, &sync_metrics, &mut tasks));
+        supervisors.push(start_supervisor(n, &ensemble, &address, &sync_metrics, &mut tasks));
         if n % 50 == 49 {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }

@@ -300,7 +300,8 @@ impl Launcher for InProcessLauncher {
         };
         let worker::cli::PreparedWorker { args, mut config, topology, paths } =
             worker::cli::prepare(spec.launch.clone(), &self.registry).map_err(|e| failed(e.to_string()))?;
-        // Heartbeats every second, so progress lines are fresh.
+        // Its workerbeat node (which the supervisor writes, as the worker's heartbeat file
+        // says) every second, so progress lines are fresh.
         config.zk_heartbeat_frequency_secs = 1;
         config.workerbeats_zk_secs = Some(1);
         config.shutdown_drain_ms = DRAIN.as_millis() as u64 / 2;

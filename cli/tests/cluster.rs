@@ -1133,7 +1133,8 @@ async fn workers_reported(cluster: &Cluster) -> Option<u64> {
 }
 
 /// Issue 18: liveness travels in the supervisors' heartbeats to nimbus, workerbeat nodes are
-/// written at most once a minute and supervisor nodes only on a change, so a steady cluster of
+/// written at most once a minute, each supervisor's workers' in one transaction, and supervisor
+/// nodes only on a change, so a steady cluster of
 /// 8 workers (no Kafka: no offset commits) commits fewer than 0.5 transactions a second,
 /// counted by ZooKeeper itself (its zxid) over 60 s; and nothing is reassigned meanwhile,
 /// though `nimbus.task.timeout.secs` (10) passes many times over.
@@ -1166,6 +1167,14 @@ async fn a_steady_cluster_of_8_workers_commits_under_half_a_transaction_per_seco
         WINDOW.as_secs()
     );
     assert!(per_sec < 0.5, "{} transactions in 60 s ({per_sec:.3}/s)", after - before);
+    // Each supervisor writes its 4 workers' workerbeat nodes in one transaction at most every
+    // squall.workerbeats.zk.secs (60): a 60 s window holds at most 2 rounds of each of the 2,
+    // where 8 workers writing their own nodes made 8 or more.
+    assert!(
+        after - before <= 4,
+        "{} transactions in 60 s: more than 2 supervisors' workerbeat rounds",
+        after - before
+    );
     assert_eq!(assignment(&session, &id).await, Some(assigned), "nothing was reassigned");
     assert_eq!(workers_reported(&cluster).await, Some(8), "every worker still reported");
 }

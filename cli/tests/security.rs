@@ -5,7 +5,8 @@
 //! - an anonymous ZooKeeper client (a second Rust session without credentials) can neither read
 //!   nor write Storm's layout (no fake supervisor), and can read but not write the Kafka
 //!   consumer registry the spout joined (Burrow's view);
-//! - the worker authenticated (it wrote its heartbeat under the private `/storm/workerbeats`);
+//! - the worker authenticated (its spout joined its group, which only the cluster's identity
+//!   can write) and its supervisor wrote its heartbeat under the private `/storm/workerbeats`;
 //! - a tokenless code download is a 401; the password is in no API answer and no log;
 //! - every file and directory nimbus, the supervisor and the worker wrote is 0600 / 0700.
 
@@ -154,7 +155,8 @@ async fn with_credentials_zookeeper_code_secrets_and_files_are_closed_to_strange
         squall.children(&paths.storms_dir()).await.ok()?.first()?.parse().ok()
     })
     .await;
-    // The worker authenticated: only the cluster's identity can write under /storm.
+    // The supervisor wrote its worker's heartbeat: only the cluster's identity can write
+    // under /storm (the worker's own authentication shows in its spout joining its group).
     eventually(Duration::from_secs(90), "the worker's heartbeat in ZooKeeper", || async {
         (!squall.children(&paths.workerbeats_topology(&id)).await.ok()?.is_empty()).then_some(())
     })

@@ -12,7 +12,9 @@
 //! so they are written only when they differ from their defaults: an older binary keeps working on a cluster that keeps the defaults, and on one
 //! that does not it refuses the flag by name instead of running with the wrong timeout. The
 //! `/metrics` TLS files (`worker.metrics.tls.*`) came later still and are written only when set,
-//! with the same consequence.
+//! with the same consequence. So is `--workerbeat-writer supervisor`, which every supervisor
+//! writes now: a worker binary older than the flag refuses it by name (rebuild it against the
+//! current `worker` crate).
 //!
 //! ```
 //! use cluster_state::launch::WorkerLaunch;
@@ -94,6 +96,47 @@ pub struct WorkerLaunch {
     pub metrics_tls_cert: Option<PathBuf>,
     pub metrics_tls_key: Option<PathBuf>,
     pub metrics_tls_client_ca: Option<PathBuf>,
+    /// `--workerbeat-writer`: who writes the worker's `/storm/workerbeats` node (written only
+    /// when it is the supervisor).
+    pub workerbeat_writer: WorkerbeatWriter,
+}
+
+/// Who writes a worker's `/storm/workerbeats/<topology>/<node>-<port>` node: the worker itself
+/// (`worker`, the default: a worker started alone, as before this flag existed), or its
+/// supervisor (`supervisor`: one `multi` of all its workers' nodes, so ZooKeeper's writes grow
+/// with supervisors, not workers; the worker then writes none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum WorkerbeatWriter {
+    #[default]
+    Worker,
+    Supervisor,
+}
+
+impl WorkerbeatWriter {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerbeatWriter::Worker => "worker",
+            WorkerbeatWriter::Supervisor => "supervisor",
+        }
+    }
+}
+
+impl std::fmt::Display for WorkerbeatWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for WorkerbeatWriter {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "worker" => Ok(WorkerbeatWriter::Worker),
+            "supervisor" => Ok(WorkerbeatWriter::Supervisor),
+            _ => Err("must be worker or supervisor".to_owned()),
+        }
+    }
 }
 
 /// A worker command line that does not parse; each variant names the flag at fault.
@@ -139,10 +182,11 @@ enum Flag {
     MetricsTlsCert,
     MetricsTlsKey,
     MetricsTlsClientCa,
+    WorkerbeatWriter,
 }
 
 impl Flag {
-    const ALL: [Flag; 17] = [
+    const ALL: [Flag; 18] = [
         Flag::TopologyId,
         Flag::SupervisorId,
         Flag::Port,
@@ -160,6 +204,7 @@ impl Flag {
         Flag::MetricsTlsCert,
         Flag::MetricsTlsKey,
         Flag::MetricsTlsClientCa,
+        Flag::WorkerbeatWriter,
     ];
 
     fn name(self) -> &'static str {
@@ -181,6 +226,7 @@ impl Flag {
             Flag::MetricsTlsCert => "--metrics-tls-cert",
             Flag::MetricsTlsKey => "--metrics-tls-key",
             Flag::MetricsTlsClientCa => "--metrics-tls-client-ca",
+            Flag::WorkerbeatWriter => "--workerbeat-writer",
         }
     }
 
@@ -217,6 +263,7 @@ impl WorkerLaunch {
             metrics_tls_cert: None,
             metrics_tls_key: None,
             metrics_tls_client_ca: None,
+            workerbeat_writer: WorkerbeatWriter::Worker,
         }
     }
 
@@ -276,6 +323,8 @@ impl WorkerLaunch {
             Flag::MetricsTlsCert => self.metrics_tls_cert.clone().map(OsString::from),
             Flag::MetricsTlsKey => self.metrics_tls_key.clone().map(OsString::from),
             Flag::MetricsTlsClientCa => self.metrics_tls_client_ca.clone().map(OsString::from),
+            Flag::WorkerbeatWriter => (self.workerbeat_writer != WorkerbeatWriter::Worker)
+                .then(|| self.workerbeat_writer.as_str().into()),
         }
     }
 
@@ -365,6 +414,9 @@ impl WorkerLaunch {
         launch.metrics_tls_cert = take(Flag::MetricsTlsCert).map(PathBuf::from);
         launch.metrics_tls_key = take(Flag::MetricsTlsKey).map(PathBuf::from);
         launch.metrics_tls_client_ca = take(Flag::MetricsTlsClientCa).map(PathBuf::from);
+        if let Some(v) = take(Flag::WorkerbeatWriter) {
+            launch.workerbeat_writer = typed(Flag::WorkerbeatWriter, v)?;
+        }
         Ok(launch)
     }
 }

@@ -459,6 +459,7 @@ fn local_worker_heartbeat_golden() {
         executor_stats: vec![],
         metrics_endpoint: None,
         metrics_scheme: MetricsScheme::Http,
+        workerbeats_zk_secs: None,
     };
     assert_golden(&beat, LOCAL_BEAT);
     // What the worker writes since the supervisor forwards stats to nimbus.
@@ -483,13 +484,21 @@ fn local_worker_heartbeat_golden() {
         r#"{"version":1,"time_secs":1700000070,"topology_id":"wc-1-1700000000","executors":[[1,2],[3,3]],"port":6700,"start_time_secs":1700000010,"executor_stats":[{"executor":[1,2],"emitted":10,"transferred":10,"acked":8,"failed":1,"execute_latency_ms":0.5,"process_latency_ms":0.25,"complete_latency_ms":12.0}],"metrics_endpoint":"host1:38211"}"#,
     );
     assert_ignores_unknown_fields::<LocalWorkerHeartbeat>(LOCAL_BEAT);
-    let https = LocalWorkerHeartbeat { metrics_scheme: MetricsScheme::Https, ..full };
+    let https = LocalWorkerHeartbeat { metrics_scheme: MetricsScheme::Https, ..full.clone() };
     let decoded = LocalWorkerHeartbeat::decode(PATH, &https.encode()).unwrap();
     assert_eq!(decoded, https);
     assert!(
         String::from_utf8(https.encode())
             .unwrap()
             .ends_with(r#""metrics_endpoint":"host1:38211","metrics_scheme":"https"}"#)
+    );
+    // What the worker writes since its supervisor writes its workerbeat node.
+    let throttled = LocalWorkerHeartbeat { workerbeats_zk_secs: Some(60), ..full };
+    assert_eq!(LocalWorkerHeartbeat::decode(PATH, &throttled.encode()).unwrap(), throttled);
+    assert!(
+        String::from_utf8(throttled.encode())
+            .unwrap()
+            .ends_with(r#""metrics_endpoint":"host1:38211","workerbeats_zk_secs":60}"#)
     );
     assert_eq!(
         LocalWorkerHeartbeat::path(std::path::Path::new("/var/squall"), "w-1"),

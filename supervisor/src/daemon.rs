@@ -19,7 +19,7 @@ use cluster_state::code::CodeFile;
 use cluster_state::coord::{AUTH_ENV, Ensemble, Session, SessionOptions, ZkAuth};
 use cluster_state::files;
 use cluster_state::ids::{SupervisorId, TopologyId, WorkerId};
-use cluster_state::launch::WorkerLaunch;
+use cluster_state::launch::{WorkerLaunch, WorkerbeatWriter};
 use cluster_state::metrics::CoordMetrics;
 use cluster_state::paths::StormPaths;
 use cluster_state::tls::{self, ClientTls};
@@ -39,6 +39,7 @@ use crate::process_task::{Done, ProcessError, ProcessTask, SpecBuilder};
 use crate::registration::Registration;
 use crate::run_as::{RunAs, WorkerUser};
 use crate::sync::{Node, SyncLoop};
+use crate::workerbeats::Workerbeats;
 
 /// The supervisor's settings, with Storm's key names.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -65,6 +66,12 @@ pub struct SupervisorConfig {
     pub monitor_frequency_secs: u64,
     #[serde(rename = "supervisor.heartbeat.frequency.secs")]
     pub heartbeat_frequency_secs: u64,
+    /// Squall's: the shortest time between two writes of a worker's `/storm/workerbeats`
+    /// node, which the supervisor writes for all its workers in one transaction, and only
+    /// for nodes whose content changed (the key a worker running alone takes from its
+    /// topology; liveness travels in the aggregated heartbeat, the node is for tools).
+    #[serde(rename = "squall.workerbeats.zk.secs")]
+    pub workerbeats_zk_secs: u64,
     /// Grace between asking a worker to stop and killing it.
     #[serde(rename = "supervisor.worker.shutdown.sleep.secs")]
     pub worker_shutdown_sleep_secs: u64,
@@ -140,6 +147,8 @@ impl Default for SupervisorConfig {
             worker_start_timeout_secs: 120,
             monitor_frequency_secs: 3,
             heartbeat_frequency_secs: 5,
+            // Squall's (issue 18): ZooKeeper's writes at S / 60 per second.
+            workerbeats_zk_secs: 60,
             worker_shutdown_sleep_secs: 3,
             nimbus_address: "127.0.0.1:8080".to_owned(),
             nimbus_token: None,
@@ -188,6 +197,7 @@ impl SupervisorConfig {
         for (key, value) in [
             ("supervisor.monitor.frequency.secs", self.monitor_frequency_secs),
             ("supervisor.heartbeat.frequency.secs", self.heartbeat_frequency_secs),
+            ("squall.workerbeats.zk.secs", self.workerbeats_zk_secs),
             ("supervisor.worker.timeout.secs", self.worker_timeout_secs),
             ("worker.log.max.bytes", self.worker_log_max_bytes),
             ("worker.log.max.files", u64::from(self.worker_log_max_files)),
@@ -304,6 +314,8 @@ fn worker_spec(
             launch.zookeeper_connection_timeout_ms = config.zookeeper_connection_timeout_ms;
             launch.log_max_bytes = config.worker_log_max_bytes;
             launch.log_max_files = config.worker_log_max_files;
+            // Its `/storm/workerbeats` node is this supervisor's to write (`Registration`).
+            launch.workerbeat_writer = WorkerbeatWriter::Supervisor;
             // Storm's place: the worker writes `worker.log` there itself (rotated); its
             // stdout and stderr go to `worker.log.out` beside it.
             let artifacts = worker_logs::artifacts_dir(&config.local_dir, &launch.topology_id, port);
@@ -412,6 +424,17 @@ pub async fn run(
         metrics_tls,
         shutdown.child_token(),
     ));
+    // The aggregated heartbeat of this supervisor's workers, to the leader nimbus.
+    let (workers_tx, workers_rx) = watch::channel(running_workers(&process));
+    let local_files = LocalFiles { local_dir: config.local_dir.clone(), workers: workers_rx };
+    let heartbeat_interval = Duration::from_secs(config.heartbeat_frequency_secs);
+    let reporter = Reporter {
+        supervisor_id: supervisor_id.clone(),
+        client: Reporter::<LocalFiles>::client_for(code.nimbus.clone(), heartbeat_interval),
+        interval: heartbeat_interval,
+        source: local_files.clone(),
+    };
+    tasks.spawn(reporter.run(shutdown.child_token()));
     let registration = Registration {
         ensemble: ensemble.clone(),
         session_options: config.session_options(),
@@ -429,6 +452,15 @@ pub async fn run(
         },
         used_ports: ports_rx,
         heartbeat_interval: Duration::from_secs(config.heartbeat_frequency_secs),
+        workerbeats: Some(
+            Workerbeats::new(
+                paths.clone(),
+                supervisor_id.clone(),
+                Duration::from_secs(config.workerbeats_zk_secs),
+                Box::new(local_files),
+            )
+            .with_metrics(metrics.clone()),
+        ),
     };
     tasks.spawn(registration.run(shutdown.child_token()));
     // Workers rotate their worker.log; their stdout and stderr the supervisor does.
@@ -441,16 +473,6 @@ pub async fn run(
         interval: Duration::from_secs(config.monitor_frequency_secs),
     };
     tasks.spawn(out_rotation.run(shutdown.child_token()));
-    // The aggregated heartbeat of this supervisor's workers, to the leader nimbus.
-    let (workers_tx, workers_rx) = watch::channel(running_workers(&process));
-    let heartbeat_interval = Duration::from_secs(config.heartbeat_frequency_secs);
-    let reporter = Reporter {
-        supervisor_id: supervisor_id.clone(),
-        client: Reporter::<LocalFiles>::client_for(code.nimbus.clone(), heartbeat_interval),
-        interval: heartbeat_interval,
-        source: LocalFiles { local_dir: config.local_dir.clone(), workers: workers_rx },
-    };
-    tasks.spawn(reporter.run(shutdown.child_token()));
 
     let sync = SyncLoop {
         ensemble: ensemble.clone(),

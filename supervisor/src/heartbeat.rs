@@ -91,7 +91,7 @@ pub trait BeatSource: Send + 'static {
 
 /// The real supervisor's source: the local heartbeat files of the workers its process task
 /// runs (published after every round).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct LocalFiles {
     pub local_dir: PathBuf,
     pub workers: watch::Receiver<Vec<RunningWorker>>,
@@ -181,6 +181,7 @@ mod tests {
             executor_stats: vec![],
             metrics_endpoint: None,
             metrics_scheme: cluster_state::znode::MetricsScheme::Http,
+            workerbeats_zk_secs: None,
         }
     }
 

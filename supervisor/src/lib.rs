@@ -25,7 +25,9 @@
 //! - [`process_task`]: the process task: heartbeats -> plan -> launcher actions, recorded in the
 //!   local state so a restarted supervisor adopts its workers.
 //! - [`registration`]: the ephemeral `/storm/supervisors/<id>` heartbeat, re-created after a
-//!   session expiry.
+//!   session expiry; on the same session and tick, [`workerbeats`].
+//! - [`workerbeats`]: the `/storm/workerbeats` nodes of all this supervisor's workers, in one
+//!   `multi` at most every `squall.workerbeats.zk.secs`.
 //! - [`sync`]: the sync task: `/storm/assignments` kept in a watch-driven cache, this node's
 //!   local assignment, and a [`sync::Node`] that runs it (worker processes here; simulated
 //!   workers in the scale bench).
@@ -48,3 +50,4 @@ pub mod process_task;
 pub mod registration;
 pub mod run_as;
 pub mod sync;
+pub mod workerbeats;

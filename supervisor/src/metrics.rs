@@ -20,6 +20,12 @@ pub struct SupervisorMetrics {
     /// Attempts to bring a topology's code here (download, or re-download of a local copy that
     /// no longer matches its checksum) that failed.
     pub code_failures: IntCounter,
+    /// Transactions (`multi`s) writing the workers' `/storm/workerbeats` nodes, those the
+    /// server refused for one node included (`S / Z` a second in a steady cluster).
+    pub workerbeat_transactions: IntCounter,
+    /// Workerbeat node writes left out of a transaction, by `reason`: `topology_gone` (its
+    /// `/workerbeats/<id>` was removed: killed) or `refused` (any other error, logged).
+    pub workerbeat_skipped: IntCounterVec,
 }
 
 impl SupervisorMetrics {
@@ -51,15 +57,31 @@ impl SupervisorMetrics {
                 "squall_supervisor_code_download_failures_total",
                 "Failed attempts to download (or re-download) a topology's code from nimbus",
             ))?,
+            workerbeat_transactions: IntCounter::with_opts(Opts::new(
+                "squall_supervisor_workerbeat_transactions_total",
+                "ZooKeeper transactions writing this supervisor's workers' workerbeat nodes",
+            ))?,
+            workerbeat_skipped: IntCounterVec::new(
+                Opts::new(
+                    "squall_supervisor_workerbeat_skipped_total",
+                    "Workerbeat node writes left out of a transaction, by reason (topology_gone, refused)",
+                ),
+                &["reason"],
+            )?,
         };
         registry.register(Box::new(metrics.workers_running.clone()))?;
         registry.register(Box::new(metrics.worker_launches.clone()))?;
         registry.register(Box::new(metrics.worker_kills.clone()))?;
         registry.register(Box::new(metrics.slots.clone()))?;
         registry.register(Box::new(metrics.code_failures.clone()))?;
+        registry.register(Box::new(metrics.workerbeat_transactions.clone()))?;
+        registry.register(Box::new(metrics.workerbeat_skipped.clone()))?;
         // Every label value exists from the start, so rates and sums see zeros, not gaps.
         for reason in ["assigned", "restart"] {
             metrics.worker_launches.with_label_values(&[reason]);
+        }
+        for reason in ["topology_gone", "refused"] {
+            metrics.workerbeat_skipped.with_label_values(&[reason]);
         }
         Ok(metrics)
     }

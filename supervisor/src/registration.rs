@@ -22,6 +22,8 @@ use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
+use crate::workerbeats::Workerbeats;
+
 /// Storm's `supervisor.heartbeat.frequency.secs`.
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -36,6 +38,9 @@ pub struct Registration {
     /// Ports in use, as the process task reports them.
     pub used_ports: watch::Receiver<Vec<u16>>,
     pub heartbeat_interval: Duration,
+    /// The workers' `/storm/workerbeats` nodes, written on the same session every beat
+    /// ([`crate::workerbeats`]); `None`: the workers write their own.
+    pub workerbeats: Option<Workerbeats>,
 }
 
 /// The node's content for "did it change": everything but the times.
@@ -87,6 +92,8 @@ impl Registration {
         let mut ports_open = true;
         // What this session last wrote (content only): equal content is not written again.
         let mut written: Option<SupervisorInfo> = None;
+        // The instant of the tick that woke this beat (evenly spaced), for the workerbeats' Z.
+        let mut at = Instant::now();
         loop {
             if session.state().is_terminal() {
                 return;
@@ -97,11 +104,22 @@ impl Registration {
                 }
                 tracing::warn!(error = %e, "supervisor heartbeat failed; retrying next tick");
             }
+            if let Some(workerbeats) = &mut self.workerbeats
+                && let Err(e) = workerbeats.round(session, at).await
+            {
+                if e.is_session_lost() {
+                    return;
+                }
+                tracing::warn!(error = %e, "cannot write the workers' workerbeat nodes; retrying next tick");
+            }
             tokio::select! {
                 () = cancel.cancelled() => return,
-                _ = tick.tick() => {}
+                ticked = tick.tick() => at = ticked,
                 // Ports changed: tell nimbus now rather than at the next tick.
-                changed = self.used_ports.changed(), if ports_open => ports_open = changed.is_ok(),
+                changed = self.used_ports.changed(), if ports_open => {
+                    ports_open = changed.is_ok();
+                    at = Instant::now();
+                }
                 event = states.next() => match event {
                     Some(event) if event.state.is_terminal() => return,
                     Some(_) => {}

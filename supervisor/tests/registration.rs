@@ -48,6 +48,7 @@ fn start(ensemble: &Ensemble) -> Running {
         info: info(),
         used_ports,
         heartbeat_interval: Duration::from_millis(100),
+        workerbeats: None,
     };
     let cancel = CancellationToken::new();
     let task = tokio::spawn(registration.run(cancel.clone()));

@@ -104,6 +104,10 @@ pub struct WorkerCommand {
     /// The cluster's `worker.metrics.tls.client.ca`: scrapers must present a certificate from it.
     #[arg(long)]
     pub metrics_tls_client_ca: Option<PathBuf>,
+    /// Who writes this worker's `/storm/workerbeats` node: `worker` (itself, the default) or
+    /// `supervisor` (its supervisor, with its other workers' nodes in one transaction).
+    #[arg(long, default_value_t = launch::WorkerbeatWriter::Worker)]
+    pub workerbeat_writer: launch::WorkerbeatWriter,
 }
 
 impl From<WorkerCommand> for WorkerLaunch {
@@ -126,6 +130,7 @@ impl From<WorkerCommand> for WorkerLaunch {
             metrics_tls_cert: cmd.metrics_tls_cert,
             metrics_tls_key: cmd.metrics_tls_key,
             metrics_tls_client_ca: cmd.metrics_tls_client_ca,
+            workerbeat_writer: cmd.workerbeat_writer,
         }
     }
 }
@@ -169,7 +174,12 @@ pub fn prepare(launch: WorkerLaunch, registry: &Registry) -> Result<PreparedWork
         launch.metrics_tls_client_ca.as_deref(),
     )
     .map_err(|e| Error::Tls { reason: e.to_string() })?;
-    let config = WorkerConfig { bind_host: launch.bind_host, metrics_tls, ..WorkerConfig::default() };
+    let config = WorkerConfig {
+        bind_host: launch.bind_host,
+        metrics_tls,
+        writes_workerbeat: launch.workerbeat_writer == launch::WorkerbeatWriter::Worker,
+        ..WorkerConfig::default()
+    };
     Ok(PreparedWorker { args, config, topology, paths: launch.storm_paths })
 }
 
@@ -261,6 +271,7 @@ mod tests {
         everything.zookeeper_connection_timeout_ms = 3000;
         everything.log_max_bytes = 4096;
         everything.log_max_files = 2;
+        everything.workerbeat_writer = launch::WorkerbeatWriter::Supervisor;
         for launch in [launch(), everything] {
             let args = launch.to_args();
             assert_eq!(clap_parse(&args).unwrap(), launch);
@@ -288,6 +299,7 @@ mod tests {
             format!("{base} --storm-root storm"),
             format!("{base} --zookeeper-session-timeout-ms 0"),
             format!("{base} --log-max-files 0"),
+            format!("{base} --workerbeat-writer nimbus"),
             format!("{base} --port 6701"),
             format!("{base} --nimbus x"),
         ] {

@@ -49,9 +49,13 @@ pub struct WorkerConfig {
     /// (Storm writes it every 3). It writes only when the content changed and at least the
     /// topology's `squall.workerbeats.zk.secs` (60) after the last write.
     pub zk_heartbeat_frequency_secs: u64,
-    /// Overrides the topology's `squall.workerbeats.zk.secs` (`squall local`, whose progress
-    /// lines read the workerbeats over in-memory coordination, sets 1).
+    /// Overrides the topology's `squall.workerbeats.zk.secs` (tests reading executor stats
+    /// from the node set 1).
     pub workerbeats_zk_secs: Option<u64>,
+    /// Whether this worker writes (and at its end removes) its own `/storm/workerbeats` node:
+    /// true when it runs alone; a supervisor's workers leave it to their supervisor
+    /// (`--workerbeat-writer supervisor`), which writes all of them in one transaction.
+    pub writes_workerbeat: bool,
     /// Re-read assignment and status even without a watch, in seconds. Storm: 10.
     pub refresh_poll_secs: u64,
     /// Bound on draining pending tuples at shutdown, in milliseconds. Clearly below the
@@ -80,6 +84,7 @@ impl Default for WorkerConfig {
             heartbeat_frequency_secs: 1,
             zk_heartbeat_frequency_secs: 3,
             workerbeats_zk_secs: None,
+            writes_workerbeat: true,
             refresh_poll_secs: 10,
             shutdown_drain_ms: 1500,
             bind_host: "0.0.0.0".into(),
@@ -485,9 +490,11 @@ async fn run_session(
     let beat_znode = paths.workerbeat(id, &slot);
     let mut fatal: Option<Error> = None;
     let mut assignment_gone = false;
-    // The workerbeat node: written at once, then only when its content changed and at least
-    // `squall.workerbeats.zk.secs` after the previous write (liveness goes to nimbus through
-    // the supervisor's aggregated heartbeat; the node is for tools reading Storm's layout).
+    // The workerbeat node, when this worker writes it (run alone; a supervisor's workers leave
+    // it to the supervisor, `config.writes_workerbeat`): written at once, then only when its
+    // content changed and at least `squall.workerbeats.zk.secs` after the previous write
+    // (liveness goes to nimbus through the supervisor's aggregated heartbeat; the node is for
+    // tools reading Storm's layout).
     let zk_beat_every = Duration::from_secs(
         config.workerbeats_zk_secs.unwrap_or(topology.config().workerbeats_zk_secs).max(1),
     );
@@ -507,6 +514,7 @@ async fn run_session(
                     executor_stats: worker.runtime.stats().iter().map(|s| s.snapshot()).collect(),
                     metrics_endpoint: metrics_endpoint.clone(),
                     metrics_scheme,
+                    workerbeats_zk_secs: Some(zk_beat_every.as_secs()),
                 };
                 if let Err(e) = write_local_heartbeat(&beat_path, &beat) {
                     tracing::warn!(error = %e, "cannot write the local heartbeat");
@@ -528,7 +536,7 @@ async fn run_session(
                 // supervisor start a fresh one. Checked every tick, written or not.
                 let lost = if session.state().is_terminal() {
                     Some(Error::Coord(CoordError::SessionExpired { path: Some(beat_znode.clone()) }))
-                } else if zk_throttle.due(&beat, ticked) {
+                } else if config.writes_workerbeat && zk_throttle.due(&beat, ticked) {
                     // Judged by the ticks' own instants, evenly spaced: the time a write took
                     // must not make the next one a tick late (with a 1 s interval, every other
                     // tick was skipped and `squall local` showed no progress for 2 s).
@@ -626,7 +634,8 @@ async fn run_session(
     if stopped.is_err() {
         tracing::error!("worker shutdown panicked");
     }
-    if let Err(e) = session.delete(&beat_znode, None).await
+    if config.writes_workerbeat
+        && let Err(e) = session.delete(&beat_znode, None).await
         && !matches!(e, CoordError::NoNode { .. })
     {
         tracing::warn!(error = %e, "cannot remove the ZooKeeper heartbeat");

@@ -655,7 +655,9 @@ impl ZnodeData for ErrorInfo {
 /// ```
 /// Added within version 1 (written only when set, absent reads as empty), for the supervisor's
 /// aggregated heartbeat to nimbus: `"start_time_secs":N`, `"executor_stats":[...]` (as in
-/// [`WorkerHeartbeat`]), `"metrics_endpoint":"host:port"` and `"metrics_scheme":"https"`.
+/// [`WorkerHeartbeat`]), `"metrics_endpoint":"host:port"` and `"metrics_scheme":"https"`; for
+/// the supervisor's writes of the worker's `/storm/workerbeats` node,
+/// `"workerbeats_zk_secs":N` (its topology's `squall.workerbeats.zk.secs`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct LocalWorkerHeartbeat {
     /// When the worker wrote it, seconds since the epoch (same machine as the reader).
@@ -678,6 +680,11 @@ pub struct LocalWorkerHeartbeat {
     /// How `metrics_endpoint` is served.
     #[serde(default)]
     pub metrics_scheme: MetricsScheme,
+    /// The topology's `squall.workerbeats.zk.secs`: the shortest time between two writes of
+    /// the worker's `/storm/workerbeats` node, which its supervisor writes (`None`: an older
+    /// worker; the supervisor's own setting applies).
+    #[serde(default)]
+    pub workerbeats_zk_secs: Option<u64>,
 }
 
 impl LocalWorkerHeartbeat {
@@ -715,7 +722,12 @@ impl ZnodeData for LocalWorkerHeartbeat {
             Some(endpoint) => object.field("metrics_endpoint", endpoint.as_str()),
             None => object,
         };
-        with_scheme(object, self.metrics_scheme).finish().into_bytes()
+        let object = with_scheme(object, self.metrics_scheme);
+        let object = match self.workerbeats_zk_secs {
+            Some(secs) => object.field("workerbeats_zk_secs", secs),
+            None => object,
+        };
+        object.finish().into_bytes()
     }
 
     fn decode(path: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
