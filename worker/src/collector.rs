@@ -118,8 +118,6 @@ pub(crate) struct Emitter {
     pub(crate) component: ComponentId,
     pub(crate) task: TaskId,
     streams: Vec<OutStream>,
-    /// The index in `streams` of the default stream, if declared.
-    default_stream: Option<usize>,
     shared: Arc<SharedRoutes>,
     version: u64,
     routes: Arc<Routes>,
@@ -152,7 +150,6 @@ impl Emitter {
         Emitter {
             component,
             task,
-            default_stream: streams.iter().position(|s| s.meta.stream == crate::tuple::DEFAULT_STREAM),
             streams,
             shared,
             version,
@@ -176,13 +173,6 @@ impl Emitter {
     }
 
     fn stream_index(&self, stream: &str) -> Option<usize> {
-        // `emit` names the default stream by the constant itself, whose bytes never change:
-        // the same address and length are the same name, without comparing text per tuple.
-        if std::ptr::eq(stream, crate::tuple::DEFAULT_STREAM)
-            && let Some(i) = self.default_stream
-        {
-            return Some(i);
-        }
         self.streams.iter().position(|s| s.meta.stream == stream)
     }
 
