@@ -311,9 +311,17 @@ fn run_spout(
                     }
                     any |= out.emitted_any;
                 }
-                for (i, id) in std::mem::take(&mut pending.acked_now) {
-                    acked += 1;
-                    spouts[i].ack(id);
+                let acked_now = std::mem::take(&mut pending.acked_now);
+                if !acked_now.is_empty() {
+                    for &(i, id) in &acked_now {
+                        acked += 1;
+                        spouts[i].ack(id);
+                    }
+                    // A batch of verdicts like the acker's (`on_done`): a spout that buffers
+                    // acks applies them now, or acking off would leave them buffered.
+                    for spout in spouts.iter_mut() {
+                        spout.verdicts_delivered();
+                    }
                 }
                 if !any {
                     break 'rounds;

@@ -426,6 +426,48 @@ fn with_acking_off_spout_tuples_are_acked_on_emit() {
     cluster.shutdown(Duration::from_secs(1));
 }
 
+/// A spout that applies its acks only when told a batch of verdicts was delivered (as the
+/// Kafka spout does, to settle them under one lock).
+struct BufferingSpout {
+    inner: TestSpout,
+    buffered: Vec<u64>,
+}
+
+impl Spout for BufferingSpout {
+    fn declare_outputs(&self, d: &mut OutputDeclarer) {
+        self.inner.declare_outputs(d);
+    }
+
+    fn next_tuple(&mut self, out: &mut SpoutCollector<'_>) -> Result<(), ComponentError> {
+        self.inner.next_tuple(out)
+    }
+
+    fn ack(&mut self, id: u64) {
+        self.buffered.push(id);
+    }
+
+    fn verdicts_delivered(&mut self) {
+        for id in self.buffered.drain(..) {
+            self.inner.ack(id);
+        }
+    }
+}
+
+#[test]
+fn with_acking_off_a_spout_buffering_its_acks_is_told_when_they_were_delivered() {
+    let rec = Arc::new(Mutex::new(SpoutRecord::default()));
+    let seen = Seen::default();
+    let mut b = TopologyBuilder::new("noackbuffered");
+    b.config(config(|c| c.acker_executors = Some(0)));
+    let r = rec.clone();
+    b.set_spout("spout", 1, move || BufferingSpout { inner: TestSpout::new(100, &r), buffered: Vec::new() });
+    let s = seen.clone();
+    b.set_bolt("sink", 1, move || Recorder { seen: s.clone() }).shuffle_grouping("spout");
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    wait_for(Duration::from_secs(30), "all acked", || acked(&rec) == 100);
+    cluster.shutdown(Duration::from_secs(1));
+}
+
 /// Sends tuple `i` directly to task `i % n` of `direct`, recording refusals of a bad target.
 struct DirectSpout {
     n: u64,
