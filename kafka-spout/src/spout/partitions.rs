@@ -220,30 +220,50 @@ impl TaskState {
     /// Applies an ack (`fail` = `None`) or a fail to the message `msg_id`. Also says whether
     /// its partition is being revoked and has nothing in flight any more.
     pub(super) fn settle(&mut self, msg_id: u64, fail: Option<(Instant, &RetryPolicy)>) -> (Settled, bool) {
+        let Some((now, policy)) = fail else {
+            let (acked, drained) = self.apply_ack(msg_id);
+            self.report_acked();
+            return (if acked { Settled::Acked } else { Settled::Stale }, drained);
+        };
         let id = MsgId::decode(msg_id);
         let Some(part) = self.part_of_slot(id.slot) else { return (Settled::Stale, false) };
         let offset = id.offset(part.base);
-        let settled = match fail {
-            None if part.offsets.ack(offset) => {
-                part.acked.inc();
-                Settled::Acked
+        let settled = match part.offsets.fail(offset, now, policy) {
+            FailOutcome::Retry { .. } => {
+                part.failed.inc();
+                Settled::Retry
             }
-            None => Settled::Stale,
-            Some((now, policy)) => match part.offsets.fail(offset, now, policy) {
-                FailOutcome::Retry { .. } => {
-                    part.failed.inc();
-                    Settled::Retry
-                }
-                FailOutcome::GiveUp => {
-                    part.failed.inc();
-                    part.given_up.inc();
-                    Settled::GaveUp
-                }
-                FailOutcome::Unknown => Settled::Stale,
-            },
+            FailOutcome::GiveUp => {
+                part.failed.inc();
+                part.given_up.inc();
+                Settled::GaveUp
+            }
+            FailOutcome::Unknown => Settled::Stale,
         };
         let drained = !part.emitting && part.offsets.in_flight() == 0;
         (settled, drained)
+    }
+
+    /// Applies one ack, counting it for the next [`TaskState::report_acked`]: whether the
+    /// message was outstanding, and whether its partition, being revoked, has nothing in
+    /// flight any more.
+    fn apply_ack(&mut self, msg_id: u64) -> (bool, bool) {
+        let id = MsgId::decode(msg_id);
+        let Some(part) = self.part_of_slot(id.slot) else { return (false, false) };
+        let acked = part.offsets.ack(id.offset(part.base));
+        if acked {
+            part.acked_unreported += 1;
+        }
+        (acked, !part.emitting && part.offsets.in_flight() == 0)
+    }
+
+    /// Moves the acked counters by what [`TaskState::apply_ack`] counted.
+    fn report_acked(&mut self) {
+        for part in self.parts.values_mut() {
+            if part.acked_unreported > 0 {
+                part.acked.inc_by(std::mem::take(&mut part.acked_unreported));
+            }
+        }
     }
 
     /// Applies a batch of acks under one lock and moves the acked counters once: how many
@@ -251,23 +271,11 @@ impl TaskState {
     pub(super) fn settle_acks(&mut self, msg_ids: &[u64]) -> (u64, bool) {
         let (mut stale, mut drained) = (0, false);
         for &msg_id in msg_ids {
-            let id = MsgId::decode(msg_id);
-            let Some(part) = self.parts.get_mut(&id.slot) else {
-                stale += 1;
-                continue;
-            };
-            if part.offsets.ack(id.offset(part.base)) {
-                part.acked_unreported += 1;
-            } else {
-                stale += 1;
-            }
-            drained |= !part.emitting && part.offsets.in_flight() == 0;
+            let (acked, now_drained) = self.apply_ack(msg_id);
+            stale += u64::from(!acked);
+            drained |= now_drained;
         }
-        for part in self.parts.values_mut() {
-            if part.acked_unreported > 0 {
-                part.acked.inc_by(std::mem::take(&mut part.acked_unreported));
-            }
-        }
+        self.report_acked();
         (stale, drained)
     }
 
