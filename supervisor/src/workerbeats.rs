@@ -25,7 +25,7 @@ use std::time::Duration;
 use cluster_state::coord::{self, CreateMode, Op, Session};
 use cluster_state::ids::{SupervisorId, TopologyId, WorkerSlot};
 use cluster_state::paths::StormPaths;
-use cluster_state::znode::{LocalWorkerHeartbeat, WorkerHeartbeat, ZnodeData};
+use cluster_state::znode::{WorkerHeartbeat, ZnodeData};
 use tokio::time::Instant;
 
 use crate::heartbeat::BeatSource;
@@ -44,20 +44,6 @@ pub enum Change {
     Set(WorkerHeartbeat),
     /// Its worker is gone.
     Delete,
-}
-
-/// The node a worker's local heartbeat becomes (the worker's own writes had the same fields).
-pub fn workerbeat_of(local: &LocalWorkerHeartbeat) -> WorkerHeartbeat {
-    let start = local.start_time_secs.unwrap_or(0);
-    WorkerHeartbeat {
-        topology_id: local.topology_id.clone(),
-        executor_stats: local.executor_stats.clone(),
-        start_time_secs: start,
-        time_secs: local.time_secs,
-        uptime_secs: if start == 0 { 0 } else { local.time_secs.saturating_sub(start) },
-        metrics_endpoint: local.metrics_endpoint.clone(),
-        metrics_scheme: local.metrics_scheme,
-    }
 }
 
 /// A round's changes, pure: `current` (node path -> beat, and whether its round is due: Z
@@ -241,7 +227,7 @@ impl Workerbeats {
         let mut current: BTreeMap<String, (WorkerHeartbeat, Duration)> = BTreeMap::new();
         for local in beats.iter().filter(|b| !self.gone.contains(&b.topology_id)) {
             let slot = WorkerSlot { node: self.supervisor_id.clone(), port: local.port };
-            let beat = workerbeat_of(local);
+            let beat = WorkerHeartbeat::from(local);
             let every = local.workerbeats_zk_secs.map_or(self.every, |secs| Duration::from_secs(secs.max(1)));
             let path = self.paths.workerbeat(&local.topology_id, &slot);
             // One node per slot: a stale file of a replaced worker loses.
@@ -303,7 +289,7 @@ impl Workerbeats {
 mod tests {
     use super::*;
     use cluster_state::ids::{ExecutorId, TaskId};
-    use cluster_state::znode::{ExecutorStats, MetricsScheme};
+    use cluster_state::znode::{ExecutorStats, LocalWorkerHeartbeat, MetricsScheme};
 
     fn beat(acked: u64) -> WorkerHeartbeat {
         WorkerHeartbeat {
@@ -385,11 +371,11 @@ mod tests {
             metrics_scheme: MetricsScheme::Https,
             workerbeats_zk_secs: None,
         };
-        let node = workerbeat_of(&local);
+        let node = WorkerHeartbeat::from(&local);
         assert_eq!((node.start_time_secs, node.time_secs, node.uptime_secs), (100, 250, 150));
         assert_eq!(node.metrics_endpoint.as_deref(), Some("h:1"));
         assert_eq!(WorkerHeartbeat::decode("/x", &node.encode()).unwrap(), node);
         let old = LocalWorkerHeartbeat { start_time_secs: None, ..local };
-        assert_eq!(workerbeat_of(&old).uptime_secs, 0);
+        assert_eq!(WorkerHeartbeat::from(&old).uptime_secs, 0);
     }
 }

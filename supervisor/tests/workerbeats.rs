@@ -194,5 +194,5 @@ async fn one_transaction_for_all_workers_changes_within_z_and_a_killed_topology_
 
 /// The node the supervisor writes for [`local_beat`].
 fn local_beat_node(topology: &TopologyId, port: u16, acked: u64) -> WorkerHeartbeat {
-    supervisor::workerbeats::workerbeat_of(&local_beat(topology, port, acked))
+    WorkerHeartbeat::from(&local_beat(topology, port, acked))
 }

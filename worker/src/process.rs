@@ -500,38 +500,32 @@ async fn run_session(
     );
     let mut zk_throttle = WorkerbeatThrottle::new(zk_beat_every);
 
+    // What the worker says of itself now, given its executors' stats: its local heartbeat
+    // file, and the workerbeat node made of it (`WorkerHeartbeat::from`, as its supervisor
+    // makes it).
+    let local_heartbeat = |executor_stats| LocalWorkerHeartbeat {
+        time_secs: now_secs(),
+        topology_id: id.clone(),
+        executors: executors.clone(),
+        port: args.port,
+        start_time_secs: Some(start_secs),
+        executor_stats,
+        metrics_endpoint: metrics_endpoint.clone(),
+        metrics_scheme,
+        workerbeats_zk_secs: Some(zk_beat_every.as_secs()),
+    };
     loop {
         let mut reconcile = false;
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = local_beat.tick() => {
-                let beat = LocalWorkerHeartbeat {
-                    time_secs: now_secs(),
-                    topology_id: id.clone(),
-                    executors: executors.clone(),
-                    port: args.port,
-                    start_time_secs: Some(start_secs),
-                    executor_stats: worker.runtime.stats().iter().map(|s| s.snapshot()).collect(),
-                    metrics_endpoint: metrics_endpoint.clone(),
-                    metrics_scheme,
-                    workerbeats_zk_secs: Some(zk_beat_every.as_secs()),
-                };
-                if let Err(e) = write_local_heartbeat(&beat_path, &beat) {
+                if let Err(e) = write_local_heartbeat(&beat_path, &local_heartbeat(worker.runtime.stats().iter().map(|s| s.snapshot()).collect())) {
                     tracing::warn!(error = %e, "cannot write the local heartbeat");
                 }
             }
             ticked = zk_beat.tick() => {
                 metrics.update(&worker.runtime, &worker.transport);
-                let now = now_secs();
-                let beat = WorkerHeartbeat {
-                    topology_id: id.clone(),
-                    executor_stats: worker.runtime.stats().iter().map(|s| s.snapshot()).collect(),
-                    start_time_secs: start_secs,
-                    time_secs: now,
-                    uptime_secs: now.saturating_sub(start_secs),
-                    metrics_endpoint: metrics_endpoint.clone(),
-                    metrics_scheme,
-                };
+                let beat = WorkerHeartbeat::from(&local_heartbeat(worker.runtime.stats().iter().map(|s| s.snapshot()).collect()));
                 // Without a session the worker cannot see assignments: stop (gracefully) and let the
                 // supervisor start a fresh one. Checked every tick, written or not.
                 let lost = if session.state().is_terminal() {
