@@ -142,8 +142,11 @@ impl Chooser {
         match &mut self.kind {
             Kind::Shuffle(s) => out.extend(s.next()),
             Kind::Fields { tasks, indices } => {
-                if tasks.is_empty() {
-                    return;
+                match tasks.as_slice() {
+                    [] => return,
+                    // One task takes every key: no hash to compute.
+                    [only] => return out.push(*only),
+                    _ => {}
                 }
                 let mut h = HASH_SEED;
                 for i in indices.iter() {
@@ -223,6 +226,18 @@ mod tests {
                 assert_eq!(pick(&mut c, &v), want, "{g:?}");
             }
         }
+    }
+
+    #[test]
+    fn fields_grouping_over_one_task_sends_every_key_there_and_none_over_no_task() {
+        let fields = Fields::new(["word"]);
+        let grouping = Grouping::Fields(vec!["word".into()]);
+        let mut one = Chooser::new(&grouping, &fields, &tasks(&[9]), &BTreeSet::new(), 1);
+        for w in ["a", "b", "", "a longer word than the inline limit of text"] {
+            assert_eq!(pick(&mut one, &[Value::from(w)]), tasks(&[9]));
+        }
+        let mut none = Chooser::new(&grouping, &fields, &[], &BTreeSet::new(), 1);
+        assert!(pick(&mut none, &[Value::from("a")]).is_empty());
     }
 
     #[test]
