@@ -13,7 +13,7 @@ use crossbeam_channel::Sender;
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{self, TopologySecret};
-use super::codec::{decode_each, read_frame};
+use super::codec::{BatchSink, TextCache, decode_each, read_frame};
 use super::tls::{PeerStream, TransportTls};
 use super::{FRAME_LIMIT, TransportStats};
 use crate::collector::Batch;
@@ -453,6 +453,25 @@ fn spawn_receivers(admitted: &crossbeam_channel::Receiver<Admitted>, setup: &Rec
     }
 }
 
+/// A connection's destinations: one batch per destination inbox, found by task id.
+struct Groups {
+    groups: Vec<(Sender<Batch>, Batch)>,
+    group_of_task: Vec<u32>,
+    /// Envelopes for tasks this worker does not run (dropped, as a local emit to an unassigned
+    /// task is).
+    discard: Batch,
+}
+
+impl BatchSink for Groups {
+    fn batch_for(&mut self, task: TaskId) -> &mut Batch {
+        let group = self.group_of_task.get(task.0 as usize).copied().unwrap_or(u32::MAX);
+        match self.groups.get_mut(group as usize) {
+            Some((_, batch)) => batch,
+            None => &mut self.discard,
+        }
+    }
+}
+
 fn receive_loop(stream: PeerStream, peer: &str, setup: &ReceiverSetup) -> Result<()> {
     // An authenticated peer may stay idle as long as it likes (a quiet stream): the socket
     // comes from the gatekeeper in blocking mode with no read timeout.
@@ -475,17 +494,15 @@ fn receive_loop(stream: PeerStream, peer: &str, setup: &ReceiverSetup) -> Result
         }
         group_of_task[task] = u32::try_from(group).unwrap_or(u32::MAX);
     }
+    let mut sink = Groups { groups, group_of_task, discard: Vec::new() };
+    let mut texts = TextCache::default();
     while let Some(frame) = read_frame(&mut r, peer, FRAME_LIMIT)? {
         setup.stats.frames_received.fetch_add(1, Ordering::Relaxed);
-        let decoded = decode_each(frame, &setup.table, peer, |env| {
-            let group = group_of_task.get(env.task().0 as usize).copied().unwrap_or(u32::MAX);
-            if let Some((_, batch)) = groups.get_mut(group as usize) {
-                batch.push(env);
-            }
-        });
+        let decoded = decode_each(frame, &setup.table, peer, &mut sink, &mut texts);
+        sink.discard.clear();
         // A corrupt frame is dropped whole, with the connection (acking replays what it held).
         decoded?;
-        for (tx, batch) in &mut groups {
+        for (tx, batch) in &mut sink.groups {
             if !batch.is_empty() {
                 let cap = batch.len();
                 // Blocks when a bolt's queue is full: backpressure reaches the peer through TCP.
