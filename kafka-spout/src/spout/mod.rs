@@ -37,10 +37,12 @@ use crate::metrics::SpoutMetrics;
 use crate::offsets::RetryPolicy;
 
 mod coordinator;
+mod fetch;
 mod hot_path;
 mod partitions;
 
 use coordinator::{Coordinator, MetadataSource, Request};
+use fetch::Fetcher;
 use hot_path::HotPath;
 use partitions::{Settled, TaskState, lock};
 
@@ -149,6 +151,9 @@ impl KafkaSpout {
             .create_with_context(SpoutContext { component: component.clone(), task })
             .map_err(|source| Error::Client { context: "creating the consumer", source })?;
         let consumer = Arc::new(consumer);
+        // Before anyone else uses the consumer: its main queue stops feeding the fetch queue.
+        let fetcher = Fetcher::new(consumer.clone(), config.emit_batch as usize)
+            .map_err(|e| task_err(format!("reading the consumer in batches: {e}")))?;
         let subscription =
             config.topics.iter().map(|t| Ok((Topic::new(t.clone())?, 1))).collect::<Result<_>>()?;
         let ensemble = match &self.env.ensemble {
@@ -220,7 +225,7 @@ impl KafkaSpout {
             })
             .map_err(|e| task_err(format!("starting the coordinator thread: {e}")))?;
         let hot = HotPath {
-            consumer,
+            fetcher,
             state: state.clone(),
             lease: handle.lease().clone(),
             emit_batch: config.emit_batch as usize,
