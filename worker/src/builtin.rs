@@ -1,8 +1,7 @@
 //! Built-in components: the benchmark's sentence generator, word split, word count, a filter,
 //! and log / stdout sinks. Registered under the names in [`crate::flux::Registry::with_builtins`].
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::BuildHasherDefault;
+use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -11,7 +10,7 @@ use serde::Deserialize;
 
 use crate::collector::{BoltCollector, SpoutCollector};
 use crate::component::{Bolt, ComponentError, OutputDeclarer, Spout, TopologyContext};
-use crate::tuple::{Fields, Text, Tuple, Value};
+use crate::tuple::{Fields, Text, TextCache, TextHasher, Tuple, Value};
 
 /// The reference corpus's 32 words, in order (BENCHMARKS.md).
 pub const WORDS: [&str; 32] = [
@@ -195,13 +194,17 @@ pub struct SplitParams {
 
 /// Splits a sentence on spaces into `word` tuples, anchored, then acks. A tuple without the
 /// field, or whose sentence is not text, is acked and emits nothing.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SplitSentence {
     params: SplitParams,
-    /// Words seen so far (up to [`WORD_CACHE_MAX`]), built once: an emitted word is a copy of
-    /// one of these. Building a short string in place costs store-forwarding stalls on every
-    /// later move of the value (a quarter of the bolt's time); copying a built one does not.
-    words: HashSet<Text, WordHasher>,
+    /// Words seen so far (up to [`WORD_CACHE_MAX`]), built once: an emitted word is a copy.
+    words: TextCache,
+}
+
+impl Default for SplitSentence {
+    fn default() -> Self {
+        SplitSentence::new(SplitParams::default())
+    }
 }
 
 /// The most distinct words a split task keeps built (~2 MB); later new words are built per use.
@@ -209,20 +212,7 @@ const WORD_CACHE_MAX: usize = 65_536;
 
 impl SplitSentence {
     pub fn new(params: SplitParams) -> Self {
-        SplitSentence { params, words: HashSet::default() }
-    }
-
-    fn word(&mut self, word: &str) -> Text {
-        if let Some(text) = self.words.get(word) {
-            return text.clone();
-        }
-        let text = Text::new(word);
-        // Only inline text: a shared buffer's reference count would be touched by every
-        // thread that drops one of its copies.
-        if self.words.len() < WORD_CACHE_MAX && !text.is_heap_allocated() {
-            self.words.insert(text.clone());
-        }
-        text
+        SplitSentence { params, words: TextCache::new(WORD_CACHE_MAX) }
     }
 }
 
@@ -240,7 +230,7 @@ impl Bolt for SplitSentence {
             value.and_then(|v| v.as_str().or_else(|| v.as_bytes().and_then(|b| std::str::from_utf8(b).ok())));
         if let Some(sentence) = sentence {
             for word in sentence.split(' ').filter(|w| !w.is_empty()) {
-                let word = self.word(word);
+                let word = self.words.get(word);
                 out.emit(&[input], [Value::Str(word)])?;
             }
         }
@@ -263,16 +253,11 @@ impl Default for WordCountParams {
     }
 }
 
-/// The hasher of words in split's and count's maps: FxHash, which takes a short word eight
-/// bytes at a time (FNV-1a went byte by byte: a multiplication per byte, ~10% of a counting
-/// bolt). SipHash's DoS resistance is not needed for a task's own map of its topology's data.
-pub type WordHasher = BuildHasherDefault<rustc_hash::FxHasher>;
-
 /// Running count per word (field 0); emits `(word, count)` anchored when `emit`, then acks.
 #[derive(Debug, Default)]
 pub struct WordCount {
     params: WordCountParams,
-    counts: HashMap<Text, i64, WordHasher>,
+    counts: HashMap<Text, i64, TextHasher>,
 }
 
 impl WordCount {
@@ -472,7 +457,7 @@ mod tests {
         let mut split = SplitSentence::default();
         let long = "a-word-longer-than-23-bytes";
         for w in ["cow", "äpfel", "cow", long, "", long, "moon"] {
-            let t = split.word(w);
+            let t = split.words.get(w);
             assert_eq!(t.as_str(), w);
             assert_eq!(Value::Str(t), Value::from(w));
         }
@@ -481,7 +466,7 @@ mod tests {
         assert_eq!(kept, ["", "cow", "moon", "äpfel"]);
         let mut full = SplitSentence::default();
         for i in 0..WORD_CACHE_MAX + 10 {
-            assert_eq!(full.word(&format!("w{i}")).as_str(), format!("w{i}"));
+            assert_eq!(full.words.get(&format!("w{i}")).as_str(), format!("w{i}"));
         }
         assert_eq!(full.words.len(), WORD_CACHE_MAX);
     }

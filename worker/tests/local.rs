@@ -410,17 +410,25 @@ fn a_slow_bolt_slows_its_spout_instead_of_growing_queues() {
     cluster.shutdown(Duration::from_secs(1));
 }
 
-#[test]
-fn with_acking_off_spout_tuples_are_acked_on_emit() {
+/// Spout `spout` (made from the shared record) -> recording sink, acking off, started.
+fn acking_off_cluster<S: Spout + 'static>(
+    name: &str,
+    spout: impl Fn(&Arc<Mutex<SpoutRecord>>) -> S + Send + Sync + 'static,
+) -> (LocalCluster, Arc<Mutex<SpoutRecord>>, Seen) {
     let rec = Arc::new(Mutex::new(SpoutRecord::default()));
     let seen = Seen::default();
-    let mut b = TopologyBuilder::new("noack");
+    let mut b = TopologyBuilder::new(name);
     b.config(config(|c| c.acker_executors = Some(0)));
     let r = rec.clone();
-    b.set_spout("spout", 1, move || TestSpout::new(100, &r));
+    b.set_spout("spout", 1, move || spout(&r));
     let s = seen.clone();
     b.set_bolt("sink", 1, move || Recorder { seen: s.clone() }).shuffle_grouping("spout");
-    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    (LocalCluster::start(b.build().unwrap()).unwrap(), rec, seen)
+}
+
+#[test]
+fn with_acking_off_spout_tuples_are_acked_on_emit() {
+    let (cluster, rec, seen) = acking_off_cluster("noack", |r| TestSpout::new(100, r));
     wait_for(Duration::from_secs(30), "all acked", || acked(&rec) == 100);
     wait_for(Duration::from_secs(30), "all delivered", || seen.lock().unwrap().len() == 100);
     cluster.shutdown(Duration::from_secs(1));
@@ -455,15 +463,10 @@ impl Spout for BufferingSpout {
 
 #[test]
 fn with_acking_off_a_spout_buffering_its_acks_is_told_when_they_were_delivered() {
-    let rec = Arc::new(Mutex::new(SpoutRecord::default()));
-    let seen = Seen::default();
-    let mut b = TopologyBuilder::new("noackbuffered");
-    b.config(config(|c| c.acker_executors = Some(0)));
-    let r = rec.clone();
-    b.set_spout("spout", 1, move || BufferingSpout { inner: TestSpout::new(100, &r), buffered: Vec::new() });
-    let s = seen.clone();
-    b.set_bolt("sink", 1, move || Recorder { seen: s.clone() }).shuffle_grouping("spout");
-    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    let (cluster, rec, _) = acking_off_cluster("noackbuffered", |r| BufferingSpout {
+        inner: TestSpout::new(100, r),
+        buffered: Vec::new(),
+    });
     wait_for(Duration::from_secs(30), "all acked", || acked(&rec) == 100);
     cluster.shutdown(Duration::from_secs(1));
 }

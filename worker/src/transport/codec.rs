@@ -11,7 +11,7 @@ use crate::acker::AckMsg;
 use crate::collector::{Batch, Envelope, Sent};
 use crate::error::{Error, Result};
 use crate::executor::StreamTable;
-use crate::tuple::{Anchor, Anchors, Value};
+use crate::tuple::{Anchor, Anchors, TextCache, Value};
 
 pub(super) fn bad(peer: &str, reason: impl Into<String>) -> Error {
     Error::BadFrame { peer: peer.to_owned(), reason: reason.into() }
@@ -250,49 +250,8 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Short texts a connection has received, built once: a text value decoded from a frame is a
-/// copy of one of these. Building a short text in place and moving it at once stalls on the
-/// store that wrote it (`smol_str`'s constructor and the moves after it were a third of the
-/// receiving thread on word count); copying a built one does not. Up to [`TEXT_CACHE_MAX`]
-/// texts; a connection whose texts keep missing a full cache (ids, say) stops looking.
-#[derive(Debug, Default)]
-pub(crate) struct TextCache {
-    texts: std::collections::HashSet<crate::tuple::Text, crate::builtin::WordHasher>,
-    /// Lookups that missed since the cache filled up, and that hit.
-    full_misses: u32,
-    full_hits: u32,
-    off: bool,
-}
-
-/// Texts a connection keeps built (inline ones, at most 23 bytes: ~100 KB).
-const TEXT_CACHE_MAX: usize = 4096;
-
-impl TextCache {
-    pub(crate) fn value(&mut self, s: &str) -> Value {
-        // Longer text goes to a shared buffer whose reference count every thread dropping a
-        // copy would touch: built per use.
-        if self.off || s.len() > 23 {
-            return Value::from(s);
-        }
-        if let Some(t) = self.texts.get(s) {
-            if self.texts.len() >= TEXT_CACHE_MAX {
-                self.full_hits = self.full_hits.saturating_add(1);
-            }
-            return Value::Str(t.clone());
-        }
-        let text = crate::tuple::Text::new(s);
-        if self.texts.len() < TEXT_CACHE_MAX {
-            self.texts.insert(text.clone());
-        } else {
-            self.full_misses += 1;
-            if self.full_misses >= TEXT_CACHE_MAX as u32 && self.full_hits < self.full_misses {
-                self.off = true;
-                self.texts = Default::default();
-            }
-        }
-        Value::Str(text)
-    }
-}
+/// Short texts a connection keeps built (inline ones, at most 23 bytes: ~100 KB).
+pub(crate) const CONNECTION_TEXTS: usize = 4096;
 
 /// Where decoded envelopes go: the batch for a task's destination. A task with no destination
 /// gets a batch that is thrown away (its envelopes are still decoded, to check the frame).
@@ -310,7 +269,7 @@ pub(crate) fn decode_batch(buf: Bytes, table: &StreamTable, peer: &str) -> Resul
         }
     }
     let mut all = All(Vec::new());
-    decode_each(buf, table, peer, &mut all, &mut TextCache::default())?;
+    decode_each(buf, table, peer, &mut all, &mut TextCache::new(CONNECTION_TEXTS))?;
     Ok(all.0)
 }
 
@@ -411,7 +370,7 @@ fn decode_value(c: &mut Cursor<'_>, frame: &Bytes, texts: &mut TextCache) -> Res
             // would only cost a reference count taken and dropped (two atomic operations a word).
             let text =
                 std::str::from_utf8(c.take(len)?).map_err(|_| bad(c.peer, "string value is not UTF-8"))?;
-            texts.value(text)
+            Value::Str(texts.get(text))
         }
         5 => {
             let len = c.u32()? as usize;
@@ -458,44 +417,3 @@ pub(super) fn read_frame(r: &mut impl Read, peer: &str, limit: usize) -> Result<
 /// tuples are ~180 KB, and a 64 KB start copied each of them twice while it grew (~2% of the
 /// receiving thread).
 const READ_CHUNK: usize = 2 * 1024 * 1024;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_text_cache_gives_equal_values_and_stops_looking_when_texts_keep_missing() {
-        let mut cache = TextCache::default();
-        assert_eq!(cache.value("word"), Value::from("word"));
-        assert_eq!(cache.value("word"), Value::from("word"));
-        let long = "a text longer than twenty-three bytes";
-        assert_eq!(cache.value(long), Value::from(long));
-        assert_eq!(cache.texts.len(), 1, "only short text is kept");
-        // Fill it, then miss with distinct ids: it gives up after as many misses as it holds.
-        for i in 1..TEXT_CACHE_MAX {
-            cache.value(&format!("w{i}"));
-        }
-        assert_eq!(cache.texts.len(), TEXT_CACHE_MAX);
-        for i in 0..TEXT_CACHE_MAX {
-            assert!(!cache.off, "still looking after {i} misses");
-            assert_eq!(cache.value(&format!("id{i}")), Value::from(format!("id{i}").as_str()));
-        }
-        assert!(cache.off && cache.texts.is_empty(), "a cache that only misses is dropped");
-        assert_eq!(cache.value("word"), Value::from("word"));
-    }
-
-    #[test]
-    fn a_full_cache_that_keeps_hitting_stays() {
-        let mut cache = TextCache::default();
-        for i in 0..TEXT_CACHE_MAX {
-            cache.value(&format!("w{i}"));
-        }
-        for i in 0..3 * TEXT_CACHE_MAX {
-            cache.value(&format!("w{}", i % 100));
-            if i % 2 == 0 {
-                cache.value(&format!("new{i}"));
-            }
-        }
-        assert!(!cache.off, "hits outnumber misses");
-    }
-}

@@ -13,12 +13,13 @@ use crossbeam_channel::Sender;
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{self, TopologySecret};
-use super::codec::{BatchSink, TextCache, decode_each, read_frame};
+use super::codec::{BatchSink, CONNECTION_TEXTS, decode_each, read_frame};
 use super::tls::{PeerStream, TransportTls};
 use super::{FRAME_LIMIT, TransportStats};
 use crate::collector::Batch;
 use crate::error::{Error, Result};
 use crate::executor::StreamTable;
+use crate::tuple::TextCache;
 
 /// How long the accept loop waits after a failed accept (out of descriptors, say), doubling up
 /// to [`ACCEPT_BACKOFF_MAX`]: retrying at once would spin a core while nothing can change.
@@ -495,7 +496,7 @@ fn receive_loop(stream: PeerStream, peer: &str, setup: &ReceiverSetup) -> Result
         group_of_task[task] = u32::try_from(group).unwrap_or(u32::MAX);
     }
     let mut sink = Groups { groups, group_of_task, discard: Vec::new() };
-    let mut texts = TextCache::default();
+    let mut texts = TextCache::new(CONNECTION_TEXTS);
     while let Some(frame) = read_frame(&mut r, peer, FRAME_LIMIT)? {
         setup.stats.frames_received.fetch_add(1, Ordering::Relaxed);
         let decoded = decode_each(frame, &setup.table, peer, &mut sink, &mut texts);
