@@ -200,6 +200,7 @@ impl TextCache {
     }
 
     /// `s` as a [`Text`], a copy of the built one when there is one.
+    #[inline]
     pub(crate) fn get(&mut self, s: &str) -> Text {
         if let Some(t) = self.texts.get(s) {
             if self.full {
