@@ -251,23 +251,29 @@ fn spout_topology(broker: &tansu::Tansu, n: u64, run: usize) -> Run {
         eprintln!("timeline (ms, acked): {marks:?}");
     }
     let run = Run { secs: since_first(&first, start), measured: window.finish() };
-    if std::env::var_os("SQUALL_BENCH_THREADS").is_some() {
-        // The executors' and librdkafka's threads (alive until shutdown below).
-        for (name, (on_cpu, runqueue, slices)) in sched() {
-            if ["kafka", "count", "__acker", "rdk:"].iter().any(|p| name.starts_with(p)) {
-                eprintln!(
-                    "  {name:16} on cpu {:5.0} ms, runnable {:4.0} ms, asleep {:5.0} ms ({slices} slices)",
-                    on_cpu as f64 / 1e6,
-                    runqueue as f64 / 1e6,
-                    (run.measured.secs * 1e3 - (on_cpu + runqueue) as f64 / 1e6).max(0.0),
-                );
-            }
-        }
-    }
+    print_threads(&run);
     assert_eq!(acked(), n, "spout acked everything");
     assert!(counted.load(Ordering::Relaxed) >= n);
     cluster.shutdown(Duration::from_secs(5));
     run
+}
+
+/// With `SQUALL_BENCH_THREADS`: the executors' and librdkafka's threads (alive until the
+/// topology shuts down), each one's time on a CPU, runnable and asleep during `run`.
+fn print_threads(run: &Run) {
+    if std::env::var_os("SQUALL_BENCH_THREADS").is_none() {
+        return;
+    }
+    for (name, (on_cpu, runqueue, slices)) in sched() {
+        if ["kafka", "split", "count", "__acker", "rdk:"].iter().any(|p| name.starts_with(p)) {
+            eprintln!(
+                "  {name:16} on cpu {:5.0} ms, runnable {:4.0} ms, asleep {:5.0} ms ({slices} slices)",
+                on_cpu as f64 / 1e6,
+                runqueue as f64 / 1e6,
+                (run.measured.secs * 1e3 - (on_cpu + runqueue) as f64 / 1e6).max(0.0),
+            );
+        }
+    }
 }
 
 /// The runtime's own ceiling: the built-in generator spout (no Kafka) -> count, acking on,
@@ -503,6 +509,7 @@ fn spout_word_count(broker: &tansu::Tansu, n: u64, run: usize) -> Run {
         std::thread::sleep(Duration::from_millis(2));
     }
     let run = Run { secs: since_first(&first, start), measured: window.finish() };
+    print_threads(&run);
     assert_eq!(acked("kafka"), n, "spout acked every sentence");
     assert_eq!(acked("count"), words_in(n), "every word counted");
     cluster.shutdown(Duration::from_secs(5));

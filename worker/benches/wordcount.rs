@@ -402,8 +402,20 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
     // `SQUALL_BENCH_RATE=<sentences/s>` with `--only latency`: that rate instead of half the
     // measured maximum (to see how the tail moves with load).
     let fixed_rate: Option<f64> = std::env::var("SQUALL_BENCH_RATE").ok().and_then(|r| r.parse().ok());
-    for acking in
-        [false, true].into_iter().filter(|a| part("wc") || (*a && fixed_rate.is_none() && part("latency")))
+    // `SQUALL_BENCH_ACKING=off|on` with `--only wc`: that one only (for profiling).
+    let acking_only = match std::env::var("SQUALL_BENCH_ACKING").ok().as_deref() {
+        None => None,
+        Some("on") => Some(true),
+        Some("off") => Some(false),
+        Some(other) => {
+            eprintln!("SQUALL_BENCH_ACKING={other:?}: expected on or off");
+            std::process::exit(2);
+        }
+    };
+    for acking in [false, true]
+        .into_iter()
+        .filter(|a| part("wc") || (*a && fixed_rate.is_none() && part("latency")))
+        .filter(|a| acking_only.is_none_or(|only| only == *a))
     {
         let runs: Vec<Run> = (0..3).filter_map(|_| run(acking, items)).collect();
         if runs.len() < 3 {

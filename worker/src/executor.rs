@@ -189,8 +189,7 @@ pub(crate) fn spawn(
             (builder.spawn(move || run_bolt(shared2, emitter, inbox, bolts, contexts, st)), false)
         }
         None if component.as_str() == ACKER_COMPONENT => {
-            let st = stats.clone();
-            (builder.spawn(move || run_acker(shared2, emitter, inbox, st)), false)
+            (builder.spawn(move || run_acker(shared2, emitter, inbox)), false)
         }
         None => {
             return Err(Error::Executor {
@@ -238,6 +237,7 @@ fn run_spout(
     let mut lat = LatencyAcc::default();
     let mut last_publish = Instant::now();
     let mut was_active = false;
+    // Counted here (registers on the per-tree path), handed to the emitter to publish.
     let mut acked = 0u64;
     let mut failed = 0u64;
     // After tasks moved: until when trees may have gone to a place that is gone, and when to
@@ -329,13 +329,10 @@ fn run_spout(
                 emitted = true;
             }
         }
+        em.acked += std::mem::take(&mut acked);
+        em.failed += std::mem::take(&mut failed);
+        // Publishes the counts too (emitted, acked, ...).
         em.flush();
-        if acked > 0 || failed > 0 {
-            stats.acked.fetch_add(acked, Ordering::Relaxed);
-            stats.failed.fetch_add(failed, Ordering::Relaxed);
-            acked = 0;
-            failed = 0;
-        }
         stats.pending.store(pending.trees.len() as u64, Ordering::Relaxed);
         // Merging histograms walks every bucket: publish at most every HIST_PUBLISH.
         if let Some(h) = hist.as_mut()
@@ -490,29 +487,20 @@ fn run_bolt(
     let tick = tick_secs.map(Duration::from_secs).zip(tick_meta());
     let mut next_tick = tick.as_ref().map(|(every, _)| Instant::now() + *every);
     let mut seen = 0u64;
-    let mut acked = 0u64;
-    let mut failed = 0u64;
     // Bolts that finish work outside `execute` (multilang) wake the executor and are polled.
     let wakers: Vec<Receiver<()>> = bolts.iter().filter_map(|b| b.waker()).collect();
 
     let mut inputs = Inputs::new(&shared.table);
-    let mut execute = |bolts: &mut Vec<Box<dyn Bolt>>,
-                       em: &mut Emitter,
-                       task: TaskId,
-                       tuple: &Tuple,
-                       acked: &mut u64,
-                       failed: &mut u64| {
+    let mut execute = |bolts: &mut Vec<Box<dyn Bolt>>, em: &mut Emitter, task: TaskId, tuple: &Tuple| {
         let Some(bolt) = bolts.get_mut(task.0.wrapping_sub(start) as usize) else { return };
         em.task = task;
         seen += 1;
         let started = seen.is_multiple_of(SAMPLE_EVERY).then(Instant::now);
-        let mut out = BoltCollector { em, acked: 0, failed: 0 };
+        let mut out = BoltCollector { em };
         if let Err(e) = bolt.execute(tuple, &mut out) {
             out.report_error(e);
             out.fail(tuple);
         }
-        *acked += out.acked;
-        *failed += out.failed;
         if let Some(t) = started {
             stats.record_execute(t.elapsed());
         }
@@ -534,7 +522,7 @@ fn run_bolt(
                     if let Envelope::Tuple { task, tuple } = env
                         && let Some(tuple) = inputs.take(tuple)
                     {
-                        execute(&mut bolts, &mut em, task, tuple, &mut acked, &mut failed);
+                        execute(&mut bolts, &mut em, task, tuple);
                     }
                 }
                 match inbox.try_recv() {
@@ -560,19 +548,14 @@ fn run_bolt(
                     anchors: Anchors::None,
                     ack_val: 0.into(),
                 };
-                execute(&mut bolts, &mut em, ctx.task_id, &t, &mut acked, &mut failed);
+                execute(&mut bolts, &mut em, ctx.task_id, &t);
             }
         }
         if !wakers.is_empty() {
-            poll_bolts(&mut bolts, &contexts, &mut em, &mut acked, &mut failed);
+            poll_bolts(&mut bolts, &contexts, &mut em);
         }
+        // Publishes the counts too (emitted, acked, ...).
         em.flush();
-        if acked > 0 || failed > 0 {
-            stats.acked.fetch_add(acked, Ordering::Relaxed);
-            stats.failed.fetch_add(failed, Ordering::Relaxed);
-            acked = 0;
-            failed = 0;
-        }
         if shared.cancel.is_cancelled() {
             break;
         }
@@ -583,19 +566,10 @@ fn run_bolt(
 }
 
 /// Lets every bolt of the executor apply work it finished outside `execute`.
-fn poll_bolts(
-    bolts: &mut [Box<dyn Bolt>],
-    contexts: &[TopologyContext],
-    em: &mut Emitter,
-    acked: &mut u64,
-    failed: &mut u64,
-) {
+fn poll_bolts(bolts: &mut [Box<dyn Bolt>], contexts: &[TopologyContext], em: &mut Emitter) {
     for (bolt, ctx) in bolts.iter_mut().zip(contexts) {
         em.task = ctx.task_id;
-        let mut out = BoltCollector { em: &mut *em, acked: 0, failed: 0 };
-        bolt.poll(&mut out);
-        *acked += out.acked;
-        *failed += out.failed;
+        bolt.poll(&mut BoltCollector { em: &mut *em });
     }
 }
 
@@ -632,7 +606,7 @@ impl Inputs {
     }
 }
 
-fn run_acker(shared: Shared, mut em: Emitter, inbox: Receiver<Batch>, stats: Arc<ExecStats>) {
+fn run_acker(shared: Shared, mut em: Emitter, inbox: Receiver<Batch>) {
     let mut ledger = AckLedger::default();
     let rotate_every =
         Duration::from_millis(shared.topology.config().message_timeout_secs.saturating_mul(1000) / 2)
@@ -671,9 +645,10 @@ fn run_acker(shared: Shared, mut em: Emitter, inbox: Receiver<Batch>, stats: Arc
             next_rotate = Instant::now() + rotate_every;
             ledger.rotate();
         }
+        em.acked += acked;
+        em.failed += failed;
+        // Publishes the counts too.
         em.flush();
-        stats.acked.fetch_add(acked, Ordering::Relaxed);
-        stats.failed.fetch_add(failed, Ordering::Relaxed);
         if shared.cancel.is_cancelled() {
             break;
         }
