@@ -55,7 +55,8 @@ struct Rig {
 
 impl Rig {
     fn new(test: &str) -> Rig {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let zookeeper = runtime.block_on(ZkServer::shared().chroot(test));
         let session = runtime
             .block_on(Ensemble::zookeeper(zookeeper.clone()).connect(&SessionOptions::default()))

@@ -181,7 +181,9 @@ pub fn kafka_commit(bootstrap: &str, group: &str, topic: &str, partition: i32, o
     consumer.commit(&list, CommitMode::Sync).unwrap();
 }
 
-/// A small runtime to read the registry from synchronous tests.
+/// A small runtime to read the registry from synchronous tests. It has a thread of its own: the
+/// session pings the server between calls, so a test busy elsewhere for longer than the session
+/// timeout (producing 20,000 records to a loaded broker took 26 s) does not find it expired.
 pub struct Zk {
     runtime: tokio::runtime::Runtime,
     session: Session,
@@ -189,7 +191,8 @@ pub struct Zk {
 
 impl Zk {
     pub fn connect(ensemble: &Ensemble) -> Self {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let session = runtime.block_on(ensemble.connect(&SessionOptions::default())).unwrap();
         Zk { runtime, session }
     }
