@@ -48,9 +48,14 @@ async fn disconnect_pauses_and_expiry_drops_ownership_before_re_registering() {
     assert_eq!(a.handle.ownership().partitions.len(), 2, "a pause keeps ownership");
     memory.reconnect(first_session);
     eventually(DEADLINE, "a to resume", || async { (!a.handle.ownership().paused).then_some(()) }).await;
-    let pauses: Vec<_> =
-        kinds(&group, &a.name).into_iter().filter(|k| matches!(*k, "Paused" | "Resumed")).collect();
-    assert_eq!(pauses, ["Paused", "Resumed"]);
+    // The events reach the group's log from the member's event stream, after its ownership
+    // view changed: wait for both, then check their order.
+    let pauses = || -> Vec<&'static str> {
+        kinds(&group, &a.name).into_iter().filter(|k| matches!(*k, "Paused" | "Resumed")).collect()
+    };
+    eventually(DEADLINE, "a's pause and resume events", || async { (pauses().len() >= 2).then_some(()) })
+        .await;
+    assert_eq!(pauses(), ["Paused", "Resumed"]);
 
     memory.expire(first_session);
     eventually(DEADLINE, "a to re-register with a new session", || async {
@@ -59,9 +64,15 @@ async fn disconnect_pauses_and_expiry_drops_ownership_before_re_registering() {
     })
     .await;
     wait_for_assignment(&admin, &group, &[&a, &b], DEADLINE).await;
-    let log = kinds(&group, &a.name);
-    let expired = log.iter().position(|k| *k == "Expired").expect("expiry reported");
-    assert!(log[expired + 1..].contains(&"Assigned"), "re-assigned after expiry: {log:?}");
+    // As above, the events may trail the ownership view.
+    let reassigned = || {
+        let log = kinds(&group, &a.name);
+        log.iter().position(|k| *k == "Expired").is_some_and(|at| log[at + 1..].contains(&"Assigned"))
+    };
+    eventually(DEADLINE, "a's expiry, then an assignment, in its events", || async {
+        reassigned().then_some(())
+    })
+    .await;
     stop.cancel();
     checker.await.unwrap();
     group.assert_no_violations();
