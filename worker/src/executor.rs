@@ -126,21 +126,19 @@ pub(crate) fn inbox(topology: &Topology, component: &ComponentId) -> (Sender<Bat
     }
 }
 
-/// Starts the executor `id` of `component` on its own thread.
-pub(crate) fn spawn(
+/// The emitter of executor `id` of `component`, publishing to `stats`.
+fn emitter_of(
     shared: &Shared,
     id: ExecutorId,
-    component: ComponentId,
-    inbox: Receiver<Batch>,
+    component: &ComponentId,
     local_tasks: &BTreeSet<TaskId>,
-) -> Result<RunningExecutor> {
-    let stats = Arc::new(ExecStats::new(id));
-    let tasks: Vec<TaskId> = id.tasks().collect();
+    stats: Arc<ExecStats>,
+) -> Emitter {
     let streams = out_streams(
         &shared.topology,
         &shared.layout,
         &shared.table,
-        &component,
+        component,
         local_tasks,
         u64::from(id.start_task().0),
     );
@@ -153,7 +151,7 @@ pub(crate) fn spawn(
         Vec::new()
     };
     let batch_size = shared.topology.config().producer_batch_size as usize;
-    let emitter = Emitter::new(
+    Emitter::new(
         component.clone(),
         id.start_task(),
         streams,
@@ -161,8 +159,38 @@ pub(crate) fn spawn(
         batch_size,
         ackers,
         shared.errors.clone(),
-        stats.clone(),
-    );
+        stats,
+    )
+}
+
+/// Starts the executor `id` of `component` on its own thread. A spout executor may also run
+/// the acker executor `fused_acker` on that thread (its tasks' inbox is the spout's): its
+/// entry, without a thread of its own, comes second.
+pub(crate) fn spawn(
+    shared: &Shared,
+    id: ExecutorId,
+    component: ComponentId,
+    inbox: Receiver<Batch>,
+    local_tasks: &BTreeSet<TaskId>,
+    fused_acker: Option<ExecutorId>,
+) -> Result<(RunningExecutor, Option<RunningExecutor>)> {
+    let stats = Arc::new(ExecStats::new(id));
+    let tasks: Vec<TaskId> = id.tasks().collect();
+    let emitter = emitter_of(shared, id, &component, local_tasks, stats.clone());
+    let acker = fused_acker.and_then(|acker_id| {
+        let acker_component = ComponentId::new(ACKER_COMPONENT).ok()?;
+        let acker_stats = Arc::new(ExecStats::new(acker_id));
+        let em = emitter_of(shared, acker_id, &acker_component, local_tasks, acker_stats.clone());
+        let entry = RunningExecutor {
+            id: acker_id,
+            component: acker_component,
+            stats: acker_stats,
+            thread: None,
+            is_spout: false,
+        };
+        Some((em, entry))
+    });
+    let (acker_em, acker_entry) = acker.map_or((None, None), |(em, entry)| (Some(em), Some(entry)));
     let tasks_by_component = Arc::new(shared.layout.component_tasks.clone());
     let ctx = |task: TaskId| TopologyContext {
         topology_name: shared.topology.name().to_owned(),
@@ -181,7 +209,7 @@ pub(crate) fn spawn(
         Some(ComponentKind::Spout(factory)) => {
             let spouts: Vec<Box<dyn Spout>> = tasks.iter().map(|_| factory()).collect();
             let st = stats.clone();
-            (builder.spawn(move || run_spout(shared2, emitter, inbox, spouts, contexts, st)), true)
+            (builder.spawn(move || run_spout(shared2, emitter, inbox, spouts, contexts, st, acker_em)), true)
         }
         Some(ComponentKind::Bolt(factory)) => {
             let bolts: Vec<Box<dyn Bolt>> = tasks.iter().map(|_| factory()).collect();
@@ -199,7 +227,7 @@ pub(crate) fn spawn(
         }
     };
     let thread = thread.map_err(|e| Error::Executor { executor: id.to_string(), reason: e.to_string() })?;
-    Ok(RunningExecutor { id, component, stats, thread: Some(thread), is_spout })
+    Ok((RunningExecutor { id, component, stats, thread: Some(thread), is_spout }, acker_entry))
 }
 
 fn report_start_failure(em: &mut Emitter, ctx: &TopologyContext, reason: String) {
@@ -219,14 +247,21 @@ fn run_spout(
     mut spouts: Vec<Box<dyn Spout>>,
     contexts: Vec<TopologyContext>,
     stats: Arc<ExecStats>,
+    acker: Option<Emitter>,
 ) {
     for (spout, ctx) in spouts.iter_mut().zip(&contexts) {
         if let Err(e) = spout.open(ctx) {
             report_start_failure(&mut em, ctx, e.to_string());
+            // The worker's acker still serves the other spouts' trees.
+            if let Some(acker) = acker {
+                run_acker(shared, acker, inbox);
+            }
             return;
         }
     }
     let config = shared.topology.config().clone();
+    let own_tasks: Vec<TaskId> = contexts.iter().map(|c| c.task_id).collect();
+    let mut fused = acker.map(|em| FusedAcker::new(em, own_tasks));
     let mut pending = SpoutPending { per_task: vec![0; spouts.len()], ..SpoutPending::default() };
     let rotate_every = Duration::from_millis(config.message_timeout_secs.saturating_mul(1000) / 2)
         .max(Duration::from_millis(1));
@@ -251,7 +286,8 @@ fn run_spout(
             break;
         }
         while let Ok(b) = inbox.try_recv() {
-            on_done(&mut spouts, &mut pending, b, &mut lat, &mut hist, (&mut acked, &mut failed), &mut moved);
+            let verdicts = (&mut acked, &mut failed);
+            on_done(&mut spouts, &mut pending, b, &mut lat, &mut hist, verdicts, &mut moved, &mut fused);
         }
         if std::mem::take(&mut moved) {
             // The routes were replaced before the news was sent: take them now, so that
@@ -278,10 +314,17 @@ fn run_spout(
                 s.next = now + MOVED_TASKS_SWEEP;
             }
         }
-        if config.enable_message_timeouts && Instant::now() >= next_rotate {
+        // The acker on this thread forgets its trees on the spout's schedule (the same
+        // period), also when the spout does not time its tuples out.
+        if (config.enable_message_timeouts || fused.is_some()) && Instant::now() >= next_rotate {
             next_rotate = Instant::now() + rotate_every;
-            let timed_out = pending.trees.rotate();
-            fail_all(&mut spouts, &mut pending.per_task, timed_out, &mut failed);
+            if let Some(acker) = fused.as_mut() {
+                acker.ledger.rotate();
+            }
+            if config.enable_message_timeouts {
+                let timed_out = pending.trees.rotate();
+                fail_all(&mut spouts, &mut pending.per_task, timed_out, &mut failed);
+            }
         }
         let active = shared.active.load(Ordering::Relaxed);
         if active != was_active {
@@ -333,6 +376,9 @@ fn run_spout(
         em.failed += std::mem::take(&mut failed);
         // Publishes the counts too (emitted, acked, ...).
         em.flush();
+        if let Some(acker) = fused.as_mut() {
+            acker.flush();
+        }
         stats.pending.store(pending.trees.len() as u64, Ordering::Relaxed);
         // Merging histograms walks every bucket: publish at most every HIST_PUBLISH.
         if let Some(h) = hist.as_mut()
@@ -353,6 +399,7 @@ fn run_spout(
                     &mut hist,
                     (&mut acked, &mut failed),
                     &mut moved,
+                    &mut fused,
                 ),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -368,6 +415,65 @@ fn run_spout(
         s.close();
     }
     em.flush();
+    if let Some(acker) = fused.as_mut() {
+        acker.flush();
+    }
+}
+
+/// The worker's acker executor run on a spout executor's thread (`WorkerRuntime::start` pairs
+/// them): the acker's tasks share the spout's inbox, so a tree whose root this spout emitted
+/// is settled where it is tracked, with no verdict sent between threads, and the worker has
+/// one thread fewer competing for cores. Its counts are the acker executor's own (`em`).
+struct FusedAcker {
+    em: Emitter,
+    ledger: AckLedger,
+    /// The spout executor's tasks: their verdicts are settled in place.
+    own_tasks: Vec<TaskId>,
+    acked: u64,
+    failed: u64,
+    /// A verdict was sent since the last flush.
+    sent: bool,
+}
+
+impl FusedAcker {
+    fn new(em: Emitter, own_tasks: Vec<TaskId>) -> Self {
+        FusedAcker { em, ledger: AckLedger::default(), own_tasks, acked: 0, failed: 0, sent: false }
+    }
+
+    /// Applies an acker message; the verdict when it decides a tree, `None` otherwise. A
+    /// verdict for a spout task of another executor is sent to it.
+    fn apply(&mut self, msg: AckMsg) -> Option<(u64, bool)> {
+        let outcome = self.ledger.apply(msg)?;
+        if outcome.ok {
+            self.acked += 1;
+        } else {
+            self.failed += 1;
+        }
+        if self.own_tasks.contains(&outcome.spout_task) {
+            return Some((outcome.root, outcome.ok));
+        }
+        self.sent = true;
+        // Routes replaced since (tasks moved) are taken before sending, as the acker's own
+        // thread does per batch.
+        self.em.refresh_routes();
+        self.em.send(Envelope::Ack {
+            task: outcome.spout_task,
+            msg: AckMsg::Done { root: outcome.root, ok: outcome.ok },
+        });
+        None
+    }
+
+    /// Publishes the acker's counts and hands over its verdicts for other executors, when
+    /// there are any: a spout emitting without message ids passes here thousands of times a
+    /// second with nothing to publish.
+    fn flush(&mut self) {
+        if self.acked == 0 && self.failed == 0 && !std::mem::take(&mut self.sent) {
+            return;
+        }
+        self.em.acked += std::mem::take(&mut self.acked);
+        self.em.failed += std::mem::take(&mut self.failed);
+        self.em.flush();
+    }
 }
 
 /// Fails tuples taken out of the pending map (timed out, or lost with a worker).
@@ -415,17 +521,25 @@ fn on_done(
     hist: &mut Option<Histogram<u64>>,
     (acked, failed): (&mut u64, &mut u64),
     moved: &mut bool,
+    fused: &mut Option<FusedAcker>,
 ) {
     // One clock read for the batch: its verdicts arrived together.
     let mut now: Option<Instant> = None;
     for env in b {
-        if let Envelope::Ack { msg: AckMsg::TasksMoved, .. } = env {
-            *moved = true;
-            continue;
-        }
-        if let Envelope::Ack { msg: AckMsg::Done { root, ok }, .. } = env
-            && let Some(p) = pending.trees.remove(root)
-        {
+        let Envelope::Ack { msg, .. } = env else { continue };
+        let (root, ok) = match msg {
+            AckMsg::TasksMoved => {
+                *moved = true;
+                continue;
+            }
+            AckMsg::Done { root, ok } => (root, ok),
+            // Init, Ack, Fail: for the worker's acker running on this thread.
+            msg => match fused.as_mut().and_then(|a| a.apply(msg)) {
+                Some(verdict) => verdict,
+                None => continue,
+            },
+        };
+        if let Some(p) = pending.trees.remove(root) {
             pending.per_task[p.task_index] = pending.per_task[p.task_index].saturating_sub(1);
             if ok {
                 *acked += 1;

@@ -16,7 +16,7 @@ use crate::error::Result;
 use crate::executor::{self, RunningExecutor, Shared, StreamTable};
 use crate::layout::TaskLayout;
 use crate::stats::ExecStats;
-use crate::topology::Topology;
+use crate::topology::{ACKER_COMPONENT, Topology};
 
 /// How often shutdown looks at the pending counts while draining.
 const DRAIN_POLL: Duration = Duration::from_millis(5);
@@ -57,8 +57,13 @@ impl WorkerRuntime {
         let mut inboxes = BTreeMap::new();
         let mut routes =
             Routes { dest_of_task: vec![u32::MAX; parts.layout.max_task() as usize + 1], dests: Vec::new() };
+        let fused = fused_ackers(&parts);
+        let fused_into: BTreeMap<ExecutorId, ExecutorId> = fused.iter().map(|(s, a)| (*a, *s)).collect();
         for (id, local) in &parts.executors {
             let Some(component) = parts.layout.executors.get(id).cloned() else { continue };
+            if fused_into.contains_key(id) {
+                continue; // Its tasks share its spout's inbox (below).
+            }
             let (tx, rx) = executor::inbox(&parts.topology, &component);
             let dest = routes.dests.len() as u32;
             routes.dests.push(tx.clone());
@@ -69,6 +74,16 @@ impl WorkerRuntime {
                 inboxes.insert(t, tx.clone());
             }
             queues.push((*id, component, local.clone(), rx));
+        }
+        for (acker, spout) in &fused_into {
+            let Some(tx) = inboxes.get(&spout.start_task()).cloned() else { continue };
+            let dest = routes.dest_of_task.get(spout.start_task().0 as usize).copied().unwrap_or(u32::MAX);
+            for t in acker.tasks() {
+                if let Some(slot) = routes.dest_of_task.get_mut(t.0 as usize) {
+                    *slot = dest;
+                }
+                inboxes.insert(t, tx.clone());
+            }
         }
         let base = routes.dests.len() as u32;
         routes.dests.extend(parts.remote_dests.iter().cloned());
@@ -99,8 +114,8 @@ impl WorkerRuntime {
             inboxes,
         };
         for (id, component, local, rx) in queues {
-            match executor::spawn(&shared, id, component, rx, &local) {
-                Ok(e) => runtime.executors.push(e),
+            match executor::spawn(&shared, id, component, rx, &local, fused.get(&id).copied()) {
+                Ok((e, acker)) => runtime.executors.extend(std::iter::once(e).chain(acker)),
                 Err(e) => {
                     runtime.stop();
                     return Err(e);
@@ -227,6 +242,26 @@ impl Drop for WorkerRuntime {
 
 /// Which of `workers` virtual workers runs each executor: round-robin over executors in id
 /// order (what the even scheduler does on an empty cluster).
+/// Which acker executor runs on which spout executor's thread (spout -> acker): this worker's
+/// ackers paired with its spout executors in executor order, while both last. An acker left
+/// without a spout (a worker of bolts only, or more ackers than spouts) runs on a thread of its
+/// own. On a spout's thread, the trees it emitted are settled where they are tracked: no verdict
+/// crosses threads, and one thread fewer competes for the cores (issue 21's latency tail).
+fn fused_ackers(parts: &RuntimeParts) -> BTreeMap<ExecutorId, ExecutorId> {
+    let of_kind = |spout: bool| {
+        parts.executors.iter().map(|(id, _)| *id).filter(move |id| {
+            parts.layout.executors.get(id).is_some_and(|c| {
+                if spout {
+                    parts.topology.components().get(c).is_some_and(|spec| spec.is_spout())
+                } else {
+                    c.as_str() == ACKER_COMPONENT
+                }
+            })
+        })
+    };
+    of_kind(true).zip(of_kind(false)).collect()
+}
+
 pub fn local_placement(layout: &TaskLayout, workers: u32) -> BTreeMap<ExecutorId, u32> {
     let execs: Vec<ExecutorId> = layout.executors.keys().copied().collect();
     let mut out = BTreeMap::new();

@@ -339,6 +339,43 @@ fn a_randomly_failing_bolt_still_gets_every_message_acked_by_replay() {
     cluster.shutdown(Duration::from_secs(1));
 }
 
+/// The worker's one acker runs on one spout executor's thread; the other spout executor's trees
+/// go to it through its inbox and their verdicts come back as messages. Both spouts' trees
+/// complete (acked, or failed and replayed), and the acker executor counts every verdict.
+#[test]
+fn the_acker_on_a_spouts_thread_serves_every_spout_executor() {
+    let (first, second) =
+        (Arc::new(Mutex::new(SpoutRecord::default())), Arc::new(Mutex::new(SpoutRecord::default())));
+    let n = 500u64;
+    let mut b = TopologyBuilder::new("fused");
+    b.config(config(|c| c.acker_executors = Some(1)));
+    let (r1, r2) = (first.clone(), second.clone());
+    b.set_spout("first", 1, move || TestSpout { replay: true, ..TestSpout::new(n, &r1) });
+    b.set_spout("second", 1, move || TestSpout { replay: true, ..TestSpout::new(n, &r2) });
+    b.set_bolt("split", 2, || Fanout { children: 2 }).shuffle_grouping("first").shuffle_grouping("second");
+    b.set_bolt("flaky", 2, || Flaky { rng: SplitMix64::new(7) }).shuffle_grouping("split");
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    wait_for(Duration::from_secs(60), "every message of both spouts acked", || {
+        acked(&first) == n as usize && acked(&second) == n as usize
+    });
+    let failed = first.lock().unwrap().failed.len() + second.lock().unwrap().failed.len();
+    assert!(failed as u64 > n / 4, "the bolt should have failed many trees, failed {failed}");
+    for rec in [&first, &second] {
+        assert_eq!(rec.lock().unwrap().acked, (0..n).collect());
+    }
+    // One acker executor, with no thread of its own, reports every verdict it gave.
+    let ackers = cluster.runtime().component_stats("__acker");
+    assert_eq!(ackers.len(), 1);
+    let verdicts = || {
+        let (acked, failed) =
+            (ackers[0].acked.load(Ordering::Relaxed), ackers[0].failed.load(Ordering::Relaxed));
+        (acked, failed)
+    };
+    wait_for(Duration::from_secs(10), "the acker's counts published", || verdicts().0 == 2 * n);
+    assert_eq!(verdicts().1, failed as u64);
+    cluster.shutdown(Duration::from_secs(1));
+}
+
 #[test]
 fn max_spout_pending_bounds_tuples_in_flight() {
     let rec = Arc::new(Mutex::new(SpoutRecord::default()));
