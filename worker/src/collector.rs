@@ -414,6 +414,9 @@ pub(crate) struct SpoutPending {
     pub(crate) per_task: Vec<u32>,
     /// Message ids acked at once because acking is off or nobody subscribes.
     pub(crate) acked_now: Vec<(usize, u64)>,
+    /// Acker tasks running on this executor's thread (`executor::FusedAcker`): the trees they
+    /// track are tracked in `trees` itself.
+    pub(crate) ackers_here: Vec<TaskId>,
     /// The emit time given to tracked tuples, and how many more may take it: the clock is read
     /// once per [`EMITS_PER_CLOCK_READ`] tracked emits (a read per tuple was ~20% of a generator
     /// spout's thread) and again after the executor's loop starts a pass ([`Self::new_pass`]).
@@ -531,7 +534,9 @@ impl SpoutCollector<'_> {
         let acker = self.em.acker_of(root);
         match (emitted, acker) {
             (Ok(n), Some(acker)) if n > 0 => {
-                self.em.send_init(acker, root, val);
+                if !(self.pending.ackers_here.contains(&acker) && self.pending.trees.track_acks(root, val)) {
+                    self.em.send_init(acker, root, val);
+                }
                 self.pending.per_task[self.task_index] += 1;
                 Ok(n)
             }

@@ -26,7 +26,7 @@ use crate::component::{Bolt, Spout, TopologyContext};
 use crate::error::{Error, Result};
 use crate::grouping::Chooser;
 use crate::layout::TaskLayout;
-use crate::pending::PendingTuple;
+use crate::pending::{PendingTrees, PendingTuple};
 use crate::stats::{ExecStats, SAMPLE_EVERY};
 use crate::topology::{ACKER_COMPONENT, ComponentKind, Topology};
 use crate::tuple::{Anchors, Fields, SYSTEM_COMPONENT, StreamMeta, TICK_STREAM, Tuple, Value};
@@ -262,7 +262,9 @@ fn run_spout(
     let config = shared.topology.config().clone();
     let own_tasks: Vec<TaskId> = contexts.iter().map(|c| c.task_id).collect();
     let mut fused = acker.map(|em| FusedAcker::new(em, own_tasks));
-    let mut pending = SpoutPending { per_task: vec![0; spouts.len()], ..SpoutPending::default() };
+    let ackers_here = fused.as_ref().map(|a| a.em.stats.executor.tasks().collect()).unwrap_or_default();
+    let mut pending =
+        SpoutPending { per_task: vec![0; spouts.len()], ackers_here, ..SpoutPending::default() };
     let rotate_every = Duration::from_millis(config.message_timeout_secs.saturating_mul(1000) / 2)
         .max(Duration::from_millis(1));
     let mut next_rotate = Instant::now() + rotate_every;
@@ -440,9 +442,24 @@ impl FusedAcker {
         FusedAcker { em, ledger: AckLedger::default(), own_tasks, acked: 0, failed: 0, sent: false }
     }
 
-    /// Applies an acker message; the verdict when it decides a tree, `None` otherwise. A
-    /// verdict for a spout task of another executor is sent to it.
-    fn apply(&mut self, msg: AckMsg) -> Option<(u64, bool)> {
+    /// Applies an acker message; the verdict when it decides a tree, `None` otherwise. A tree
+    /// this spout executor emitted is tracked in its pending trees (`trees`, whose `Init` was
+    /// applied there); another's in the ledger, and its verdict is sent to its spout task.
+    fn apply(&mut self, trees: &mut PendingTrees, msg: AckMsg) -> Option<(u64, bool)> {
+        let here = match msg {
+            AckMsg::Ack { root, val } => trees.xor_acks(root, val).map(|done| (root, done.then_some(true))),
+            AckMsg::Fail { root } if trees.acked_here(root) => Some((root, Some(false))),
+            _ => None,
+        };
+        if let Some((root, verdict)) = here {
+            let ok = verdict?;
+            if ok {
+                self.acked += 1;
+            } else {
+                self.failed += 1;
+            }
+            return Some((root, ok));
+        }
         let outcome = self.ledger.apply(msg)?;
         if outcome.ok {
             self.acked += 1;
@@ -534,7 +551,7 @@ fn on_done(
             }
             AckMsg::Done { root, ok } => (root, ok),
             // Init, Ack, Fail: for the worker's acker running on this thread.
-            msg => match fused.as_mut().and_then(|a| a.apply(msg)) {
+            msg => match fused.as_mut().and_then(|a| a.apply(&mut pending.trees, msg)) {
                 Some(verdict) => verdict,
                 None => continue,
             },

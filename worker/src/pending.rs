@@ -8,6 +8,10 @@
 //! recently freed (still in cache) are taken first. This replaced three rotating hash maps
 //! keyed by random roots, which took ~40% of a generator spout's thread with acking on.
 //!
+//! When the tree's acker task runs on the spout's own thread (`executor::FusedAcker`), the
+//! slot also holds the tree's XOR value: the `Init` is applied in the slot instead of being sent
+//! to the thread's own inbox, and each ack finds the tree by its slot, as the verdict would.
+//!
 //! Timeouts keep Storm's `RotatingMap` semantics without buckets: every slot records the
 //! rotation it was taken in, and a rotation fails the trees taken three rotations ago or
 //! earlier (between two and three rotation periods old, as with three buckets).
@@ -44,6 +48,10 @@ struct Slot {
     root: u64,
     /// The rotation count when the tree was taken.
     epoch: u32,
+    /// The tree's acker runs on this thread and keeps its XOR value here (`acks`), instead of
+    /// in its own ledger ([`PendingTrees::track_acks`]).
+    acked_here: bool,
+    acks: u64,
     tuple: PendingTuple,
 }
 
@@ -90,7 +98,7 @@ impl PendingTrees {
         let slot = match self.free.pop() {
             Some(s) => s as usize,
             None if self.slots.len() < self.max_slots => {
-                self.slots.push(Slot { root: 0, epoch: 0, tuple });
+                self.slots.push(Slot { root: 0, epoch: 0, acked_here: false, acks: 0, tuple });
                 self.slots.len() - 1
             }
             None => {
@@ -112,8 +120,38 @@ impl PendingTrees {
             }
         };
         let root = ((slot as u64) << RANDOM_BITS) | random;
-        self.slots[slot] = Slot { root, epoch: self.epoch, tuple };
+        self.slots[slot] = Slot { root, epoch: self.epoch, acked_here: false, acks: 0, tuple };
         root
+    }
+
+    /// The tree `root`'s acker runs on this thread: its `Init(root, val)` is applied here, and
+    /// so are the acks that follow ([`Self::xor_acks`]), with no message to the thread's own
+    /// inbox and no ledger entry. False (the `Init` is to be sent) for a tree in the overflow.
+    pub(crate) fn track_acks(&mut self, root: u64, val: u64) -> bool {
+        match self.slot_mut(root) {
+            Some(slot) => {
+                (slot.acked_here, slot.acks) = (true, val);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// XORs an `Ack`'s `val` into the tree `root` tracked here: `Some(true)` when the tree is
+    /// complete, `None` for a root not tracked here (another executor's tree, or one gone).
+    pub(crate) fn xor_acks(&mut self, root: u64, val: u64) -> Option<bool> {
+        let slot = self.slot_mut(root).filter(|s| s.acked_here)?;
+        slot.acks ^= val;
+        Some(slot.acks == 0)
+    }
+
+    /// Whether the tree `root` is tracked here (its `Fail` fails it here).
+    pub(crate) fn acked_here(&self, root: u64) -> bool {
+        self.slots.get((root >> RANDOM_BITS) as usize).is_some_and(|s| s.root == root && s.acked_here)
+    }
+
+    fn slot_mut(&mut self, root: u64) -> Option<&mut Slot> {
+        self.slots.get_mut((root >> RANDOM_BITS) as usize).filter(|s| s.root == root && root != 0)
     }
 
     fn in_slab(&self, root: u64) -> bool {
@@ -211,6 +249,29 @@ mod tests {
         assert_eq!(p.remove(c).map(|t| t.msg_id), Some(12));
         assert_eq!(p.remove(b).map(|t| t.msg_id), Some(11));
         assert_eq!(p.len(), 0);
+    }
+
+    #[test]
+    fn a_tree_whose_acker_runs_here_completes_when_its_acks_xor_to_zero() {
+        let mut rng = SplitMix64::new(4);
+        let mut p = PendingTrees::with_max_slots(2);
+        let (here, elsewhere) = (p.insert(&mut rng, tuple(1)), p.insert(&mut rng, tuple(2)));
+        let overflowed = p.insert(&mut rng, tuple(3));
+        let (a, b) = (0x1234_5678_9abc_def0u64, 0x0fed_cba9_8765_4321u64);
+        assert!(p.track_acks(here, a ^ b));
+        // Not tracked here: the tree's acker is elsewhere, or the tree is in the overflow.
+        assert!(!p.track_acks(overflowed, a));
+        assert_eq!((p.xor_acks(elsewhere, a), p.acked_here(elsewhere)), (None, false));
+        assert_eq!(p.xor_acks(overflowed, a), None);
+        assert!(p.acked_here(here));
+        assert_eq!(p.xor_acks(here, a), Some(false));
+        assert_eq!(p.xor_acks(here, b), Some(true));
+        assert_eq!(p.remove(here).map(|t| t.msg_id), Some(1));
+        // Gone: a late ack is refused, and a new tree in the slot starts untracked.
+        assert_eq!((p.xor_acks(here, a), p.acked_here(here)), (None, false));
+        let next = p.insert(&mut rng, tuple(4));
+        assert_eq!(next >> RANDOM_BITS, here >> RANDOM_BITS);
+        assert_eq!(p.xor_acks(next, a), None);
     }
 
     #[test]
