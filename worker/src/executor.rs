@@ -427,19 +427,18 @@ fn run_spout(
 /// is settled where it is tracked, with no verdict sent between threads, and the worker has
 /// one thread fewer competing for cores. Its counts are the acker executor's own (`em`).
 struct FusedAcker {
+    /// Counts its verdicts (published by `flush`) and sends those for other spout executors.
     em: Emitter,
     ledger: AckLedger,
     /// The spout executor's tasks: their verdicts are settled in place.
     own_tasks: Vec<TaskId>,
-    acked: u64,
-    failed: u64,
     /// A verdict was sent since the last flush.
     sent: bool,
 }
 
 impl FusedAcker {
     fn new(em: Emitter, own_tasks: Vec<TaskId>) -> Self {
-        FusedAcker { em, ledger: AckLedger::default(), own_tasks, acked: 0, failed: 0, sent: false }
+        FusedAcker { em, ledger: AckLedger::default(), own_tasks, sent: false }
     }
 
     /// Applies an acker message; the verdict when it decides a tree, `None` otherwise. A tree
@@ -447,36 +446,28 @@ impl FusedAcker {
     /// applied there); another's in the ledger, and its verdict is sent to its spout task.
     fn apply(&mut self, trees: &mut PendingTrees, msg: AckMsg) -> Option<(u64, bool)> {
         let here = match msg {
-            AckMsg::Ack { root, val } => trees.xor_acks(root, val).map(|done| (root, done.then_some(true))),
-            AckMsg::Fail { root } if trees.acked_here(root) => Some((root, Some(false))),
+            AckMsg::Ack { root, val } => trees.xor_acks(root, val).map(|done| done.then_some((root, true))),
+            AckMsg::Fail { root } if trees.acked_here(root) => Some(Some((root, false))),
             _ => None,
         };
-        if let Some((root, verdict)) = here {
-            let ok = verdict?;
-            if ok {
-                self.acked += 1;
-            } else {
-                self.failed += 1;
+        // The verdict, and the spout task to send it to when that is not this executor's.
+        let (root, ok, elsewhere) = match here {
+            Some(verdict) => {
+                let (root, ok) = verdict?;
+                (root, ok, None)
             }
-            return Some((root, ok));
-        }
-        let outcome = self.ledger.apply(msg)?;
-        if outcome.ok {
-            self.acked += 1;
-        } else {
-            self.failed += 1;
-        }
-        if self.own_tasks.contains(&outcome.spout_task) {
-            return Some((outcome.root, outcome.ok));
-        }
+            None => {
+                let o = self.ledger.apply(msg)?;
+                (o.root, o.ok, (!self.own_tasks.contains(&o.spout_task)).then_some(o.spout_task))
+            }
+        };
+        count_verdict(&mut self.em, ok);
+        let Some(task) = elsewhere else { return Some((root, ok)) };
         self.sent = true;
         // Routes replaced since (tasks moved) are taken before sending, as the acker's own
         // thread does per batch.
         self.em.refresh_routes();
-        self.em.send(Envelope::Ack {
-            task: outcome.spout_task,
-            msg: AckMsg::Done { root: outcome.root, ok: outcome.ok },
-        });
+        self.em.send(Envelope::Ack { task, msg: AckMsg::Done { root, ok } });
         None
     }
 
@@ -484,12 +475,19 @@ impl FusedAcker {
     /// there are any: a spout emitting without message ids passes here thousands of times a
     /// second with nothing to publish.
     fn flush(&mut self) {
-        if self.acked == 0 && self.failed == 0 && !std::mem::take(&mut self.sent) {
+        if self.em.acked == 0 && self.em.failed == 0 && !std::mem::take(&mut self.sent) {
             return;
         }
-        self.em.acked += std::mem::take(&mut self.acked);
-        self.em.failed += std::mem::take(&mut self.failed);
         self.em.flush();
+    }
+}
+
+/// Counts a verdict as the acker executor's (`em`, published at its flush).
+fn count_verdict(em: &mut Emitter, ok: bool) {
+    if ok {
+        em.acked += 1;
+    } else {
+        em.failed += 1;
     }
 }
 
@@ -745,7 +743,6 @@ fn run_acker(shared: Shared, mut em: Emitter, inbox: Receiver<Batch>) {
     let mut next_rotate = Instant::now() + rotate_every;
     loop {
         let timeout = next_rotate.saturating_duration_since(Instant::now()).min(IDLE_POLL);
-        let (mut acked, mut failed) = (0u64, 0u64);
         match inbox.recv_timeout(timeout) {
             Ok(mut b) => loop {
                 em.refresh_routes();
@@ -753,11 +750,7 @@ fn run_acker(shared: Shared, mut em: Emitter, inbox: Receiver<Batch>) {
                     if let Envelope::Ack { msg, .. } = env
                         && let Some(outcome) = ledger.apply(msg)
                     {
-                        if outcome.ok {
-                            acked += 1
-                        } else {
-                            failed += 1
-                        }
+                        count_verdict(&mut em, outcome.ok);
                         em.send(Envelope::Ack {
                             task: outcome.spout_task,
                             msg: AckMsg::Done { root: outcome.root, ok: outcome.ok },
@@ -776,8 +769,6 @@ fn run_acker(shared: Shared, mut em: Emitter, inbox: Receiver<Batch>) {
             next_rotate = Instant::now() + rotate_every;
             ledger.rotate();
         }
-        em.acked += acked;
-        em.failed += failed;
         // Publishes the counts too.
         em.flush();
         if shared.cancel.is_cancelled() {

@@ -48,9 +48,9 @@ struct Slot {
     root: u64,
     /// The rotation count when the tree was taken.
     epoch: u32,
-    /// The tree's acker runs on this thread and keeps its XOR value here (`acks`), instead of
-    /// in its own ledger ([`PendingTrees::track_acks`]).
-    acked_here: bool,
+    /// The tree's XOR value when its acker runs on this thread and keeps it here instead of in
+    /// its own ledger ([`PendingTrees::track_acks`]); 0 otherwise (a tree tracked here is
+    /// complete, and leaves, when its value returns to 0).
     acks: u64,
     tuple: PendingTuple,
 }
@@ -98,7 +98,7 @@ impl PendingTrees {
         let slot = match self.free.pop() {
             Some(s) => s as usize,
             None if self.slots.len() < self.max_slots => {
-                self.slots.push(Slot { root: 0, epoch: 0, acked_here: false, acks: 0, tuple });
+                self.slots.push(Slot { root: 0, epoch: 0, acks: 0, tuple });
                 self.slots.len() - 1
             }
             None => {
@@ -120,34 +120,40 @@ impl PendingTrees {
             }
         };
         let root = ((slot as u64) << RANDOM_BITS) | random;
-        self.slots[slot] = Slot { root, epoch: self.epoch, acked_here: false, acks: 0, tuple };
+        self.slots[slot] = Slot { root, epoch: self.epoch, acks: 0, tuple };
         root
     }
 
     /// The tree `root`'s acker runs on this thread: its `Init(root, val)` is applied here, and
     /// so are the acks that follow ([`Self::xor_acks`]), with no message to the thread's own
-    /// inbox and no ledger entry. False (the `Init` is to be sent) for a tree in the overflow.
+    /// inbox and no ledger entry. False (the `Init` is to be sent) for a tree in the overflow,
+    /// or for a value of 0 (which says "not tracked here").
     pub(crate) fn track_acks(&mut self, root: u64, val: u64) -> bool {
         match self.slot_mut(root) {
-            Some(slot) => {
-                (slot.acked_here, slot.acks) = (true, val);
+            Some(slot) if val != 0 => {
+                slot.acks = val;
                 true
             }
-            None => false,
+            _ => false,
         }
     }
 
     /// XORs an `Ack`'s `val` into the tree `root` tracked here: `Some(true)` when the tree is
     /// complete, `None` for a root not tracked here (another executor's tree, or one gone).
     pub(crate) fn xor_acks(&mut self, root: u64, val: u64) -> Option<bool> {
-        let slot = self.slot_mut(root).filter(|s| s.acked_here)?;
+        let slot = self.slot_mut(root).filter(|s| s.acks != 0)?;
         slot.acks ^= val;
         Some(slot.acks == 0)
     }
 
     /// Whether the tree `root` is tracked here (its `Fail` fails it here).
     pub(crate) fn acked_here(&self, root: u64) -> bool {
-        self.slots.get((root >> RANDOM_BITS) as usize).is_some_and(|s| s.root == root && s.acked_here)
+        self.slot(root).is_some_and(|s| s.acks != 0)
+    }
+
+    /// The slot of the pending tree `root`, if it is in the slab.
+    fn slot(&self, root: u64) -> Option<&Slot> {
+        self.slots.get((root >> RANDOM_BITS) as usize).filter(|s| s.root == root && root != 0)
     }
 
     fn slot_mut(&mut self, root: u64) -> Option<&mut Slot> {

@@ -240,28 +240,26 @@ impl Drop for WorkerRuntime {
     }
 }
 
-/// Which of `workers` virtual workers runs each executor: round-robin over executors in id
-/// order (what the even scheduler does on an empty cluster).
 /// Which acker executor runs on which spout executor's thread (spout -> acker): this worker's
 /// ackers paired with its spout executors in executor order, while both last. An acker left
 /// without a spout (a worker of bolts only, or more ackers than spouts) runs on a thread of its
 /// own. On a spout's thread, the trees it emitted are settled where they are tracked: no verdict
 /// crosses threads, and one thread fewer competes for the cores (issue 21's latency tail).
 fn fused_ackers(parts: &RuntimeParts) -> BTreeMap<ExecutorId, ExecutorId> {
-    let of_kind = |spout: bool| {
-        parts.executors.iter().map(|(id, _)| *id).filter(move |id| {
-            parts.layout.executors.get(id).is_some_and(|c| {
-                if spout {
-                    parts.topology.components().get(c).is_some_and(|spec| spec.is_spout())
-                } else {
-                    c.as_str() == ACKER_COMPONENT
-                }
-            })
-        })
+    let of = |wanted: fn(&RuntimeParts, &ComponentId) -> bool| {
+        parts
+            .executors
+            .iter()
+            .map(|(id, _)| *id)
+            .filter(move |id| parts.layout.executors.get(id).is_some_and(|c| wanted(parts, c)))
     };
-    of_kind(true).zip(of_kind(false)).collect()
+    let spouts = of(|parts, c| parts.topology.components().get(c).is_some_and(|spec| spec.is_spout()));
+    let ackers = of(|_, c| c.as_str() == ACKER_COMPONENT);
+    spouts.zip(ackers).collect()
 }
 
+/// Which of `workers` virtual workers runs each executor: round-robin over executors in id
+/// order (what the even scheduler does on an empty cluster).
 pub fn local_placement(layout: &TaskLayout, workers: u32) -> BTreeMap<ExecutorId, u32> {
     let execs: Vec<ExecutorId> = layout.executors.keys().copied().collect();
     let mut out = BTreeMap::new();
