@@ -105,7 +105,7 @@ impl PendingTrees {
                 // Full: a random root that no slot holds (their roots are all taken).
                 let root = loop {
                     let root = rng.next_id();
-                    if !self.in_slab(root) && !self.overflow.contains_key(&root) {
+                    if self.slot_index(root).is_none() && !self.overflow.contains_key(&root) {
                         break root;
                     }
                 };
@@ -151,31 +151,32 @@ impl PendingTrees {
         self.slot(root).is_some_and(|s| s.acks != 0)
     }
 
-    /// The slot of the pending tree `root`, if it is in the slab.
+    /// The index of the pending tree `root`'s slot, if it is in the slab (a free slot's root
+    /// is 0, never a tree's).
+    fn slot_index(&self, root: u64) -> Option<usize> {
+        let index = (root >> RANDOM_BITS) as usize;
+        (root != 0 && self.slots.get(index).is_some_and(|s| s.root == root)).then_some(index)
+    }
+
     fn slot(&self, root: u64) -> Option<&Slot> {
-        self.slots.get((root >> RANDOM_BITS) as usize).filter(|s| s.root == root && root != 0)
+        self.slot_index(root).and_then(|i| self.slots.get(i))
     }
 
     fn slot_mut(&mut self, root: u64) -> Option<&mut Slot> {
-        self.slots.get_mut((root >> RANDOM_BITS) as usize).filter(|s| s.root == root && root != 0)
-    }
-
-    fn in_slab(&self, root: u64) -> bool {
-        self.slots.get((root >> RANDOM_BITS) as usize).is_some_and(|s| s.root == root)
+        self.slot_index(root).and_then(|i| self.slots.get_mut(i))
     }
 
     /// Stops tracking `root`, returning its tuple; `None` for a root not pending (timed out,
     /// failed already, or never this executor's).
     pub(crate) fn remove(&mut self, root: u64) -> Option<PendingTuple> {
-        let index = (root >> RANDOM_BITS) as usize;
-        if let Some(slot) = self.slots.get_mut(index)
-            && slot.root == root
-            && root != 0
+        if let Some(index) = self.slot_index(root)
+            && let Some(slot) = self.slots.get_mut(index)
         {
             slot.root = 0;
+            let tuple = slot.tuple;
             self.free.push(index as u32);
             self.len -= 1;
-            return Some(slot.tuple);
+            return Some(tuple);
         }
         if self.overflow.is_empty() {
             return None;
