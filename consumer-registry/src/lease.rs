@@ -21,7 +21,10 @@
 //! their send time plus the bound, which has passed.
 //!
 //! The caller checks the lease once per batch ([`Lease::valid_session`], one clock read and an
-//! uncontended lock) and compares the session with the one each partition was claimed in.
+//! uncontended lock) and compares the session with the one each partition was claimed in. It
+//! checks again after taking messages from its client's fetch queue and before emitting them: a
+//! stop between the first check and the fetch would otherwise let it emit messages fetched after
+//! it was continued, past the lease.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -120,8 +123,9 @@ impl Lease {
         self.update(|_| Grant { session: Some(session), until: None });
     }
 
-    /// The member's session ended (or is no longer trusted): nothing may be emitted.
-    pub(crate) fn end(&self) {
+    /// The member's session ended (or is no longer trusted): nothing may be emitted until
+    /// the member grants the lease again. Public for callers' tests that end it mid-call.
+    pub fn end(&self) {
         self.update(|_| Grant::default());
     }
 

@@ -113,6 +113,13 @@ impl Fetcher {
         Batch { messages: &mut self.slots }
     }
 
+    /// Moves `partition`'s fetch position to `offset` without waiting (librdkafka's seek):
+    /// messages of it fetched earlier and still queued are discarded by librdkafka (the seek
+    /// bumps the partition's version, and older messages are filtered out of the queue).
+    pub(crate) fn seek(&self, topic: &str, partition: i32, offset: i64) -> Result<(), KafkaError> {
+        self.consumer.seek(topic, partition, rdkafka::Offset::Offset(offset), std::time::Duration::ZERO)
+    }
+
     /// Serves what waits on the main queue, without waiting: log lines and client errors go
     /// to the task's context (as `BaseConsumer::poll` sent them); each client error is also
     /// passed to `on_error`, with its reason. Other events are dropped.

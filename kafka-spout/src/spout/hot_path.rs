@@ -9,7 +9,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use std::sync::{Arc, Mutex};
 use worker::{ComponentError, SpoutCollector, Values};
 
-use super::fetch::Fetcher;
+use super::fetch::{Batch, Fetcher};
 use super::partitions::{Stored, TaskState, lock};
 use crate::offsets::{MsgId, PartitionOffsets};
 
@@ -50,8 +50,9 @@ impl HotPath {
         // librdkafka's log lines and client errors, served on every call as `poll` served
         // them between messages.
         self.fetcher.serve_events(|e| out.report_error(format!("kafka consumer: {e}")));
-        // The fence (consumer-registry's lease.rs): one clock read per batch. A process that
-        // was stopped past the lease finds it over here, before it polls anything.
+        // The fence (consumer-registry's lease.rs): one clock read per batch, and one after
+        // each fetch (`Fence::holds`). A process that was stopped past the lease finds it over
+        // here, before it polls anything.
         let Some(session) = self.lease.valid_session(LeaseInstant::now()) else { return Ok(()) };
         let mut state = lock(&self.state);
         if state.paused {
@@ -61,14 +62,29 @@ impl HotPath {
         // overshoot it by more than itself.
         let budget = self.max_pending.map_or(self.emit_batch, |max| self.emit_batch.min(max.max(1)));
         let only_topic = self.only_topic.as_deref();
+        let fence = Fence { lease: &self.lease, session };
         let result =
-            emit_batch(&mut self.fetcher, only_topic, budget, self.max_in_flight, &mut state, session, out);
+            emit_batch(&mut self.fetcher, only_topic, budget, self.max_in_flight, &mut state, fence, out);
         // The emitted counters move once per batch: an atomic add per message drained the
         // store buffer (the message's deque entry and tuple) on the spout thread's path.
         for part in state.parts.values_mut() {
             part.report_emitted();
         }
         result
+    }
+}
+
+/// The lease as one call of `next_tuple` found it valid: for `session`.
+#[derive(Clone, Copy)]
+struct Fence<'a> {
+    lease: &'a Lease,
+    session: SessionId,
+}
+
+impl Fence<'_> {
+    /// The lease still holds for the session the call started in (one clock read).
+    fn holds(self) -> bool {
+        self.lease.valid_session(LeaseInstant::now()) == Some(self.session)
     }
 }
 
@@ -81,9 +97,17 @@ fn emit_batch(
     mut budget: usize,
     max_in_flight: usize,
     state: &mut TaskState,
-    session: SessionId,
+    fence: Fence<'_>,
     out: &mut impl Emit,
 ) -> std::result::Result<(), ComponentError> {
+    let session = fence.session;
+    if state.rewinds_pending {
+        // A seek that failed when its batch was given back: nothing of those partitions is
+        // emitted until it is done (`rewind_to` fences them meanwhile).
+        if let Some(e) = rewind(fetcher, state) {
+            tracing::debug!(error = %e, "seeking back after a batch given back; retried on the next call");
+        }
+    }
     // Every message in flight is kept for its replay: new ones are bounded (and with them
     // the memory); replays of those already kept are not, or a full window of failures
     // could never drain.
@@ -118,12 +142,24 @@ fn emit_batch(
         if batch.is_empty() {
             break;
         }
+        // The fence again, for what this fetch returned. The check before the call does not
+        // cover it: a process stopped after that clock read (SIGSTOP, a stall) and continued
+        // past the lease fetches here what was produced meanwhile, as librdkafka's threads
+        // continued too. Such a batch is given back unemitted: its partitions seek back, and
+        // are emitted from again only under a lease that was renewed after the stop.
+        if !fence.holds() {
+            give_back(&batch, state);
+            drop(batch);
+            if let Some(e) = rewind(fetcher, state) {
+                out.report_error(e);
+            }
+            break;
+        }
         for message in batch.iter() {
             match message.error() {
                 None => {}
                 Some(RDKafkaErrorCode::AutoOffsetReset) => {
-                    // Which partition is checked by its next message's offset.
-                    state.resets_pending = state.resets_pending.saturating_add(1).min(1024);
+                    state.reset_reported();
                     continue;
                 }
                 Some(RDKafkaErrorCode::PartitionEOF) => continue,
@@ -158,9 +194,9 @@ fn emit_batch(
             };
             last = Some((partition, slot));
             let Some(part) = state.parts.get_mut(&slot) else { continue };
-            if !part.emitting || part.session != session {
+            if !part.emitting || part.session != session || part.rewind_to.is_some() {
                 // Being revoked, or claimed in an ended session (its replacement starts over
-                // from the committed offset).
+                // from the committed offset), or still to seek back to a batch given back.
                 continue;
             }
             let mut slot = slot;
@@ -203,6 +239,50 @@ fn emit_batch(
         }
     }
     failed.map_or(Ok(()), Err)
+}
+
+/// Marks where each partition of a batch fetched but not emitted must be read again from: its
+/// first message's offset (or earlier, if an earlier batch was given back too). Offset resets
+/// librdkafka reported in it are counted as if the batch had been read.
+fn give_back(batch: &Batch<'_>, state: &mut TaskState) {
+    state.batches_given_back += 1;
+    for message in batch.iter() {
+        if let Some(code) = message.error() {
+            if code == RDKafkaErrorCode::AutoOffsetReset {
+                state.reset_reported();
+            }
+            continue;
+        }
+        let Some(slot) = state.slot_of(message.topic(), message.partition()) else { continue };
+        let Some(part) = state.parts.get_mut(&slot) else { continue };
+        if part.emitting {
+            let offset = message.offset();
+            part.rewind_to = Some(part.rewind_to.map_or(offset, |o| o.min(offset)));
+            state.rewinds_pending = true;
+        }
+    }
+}
+
+/// Seeks every partition marked by [`give_back`] back to its offset. A seek librdkafka refuses
+/// (the partition is being unassigned) stays marked, and its partition fenced, until a later
+/// call's seek succeeds or a new incarnation replaces it; the first such error is returned.
+fn rewind(fetcher: &Fetcher, state: &mut TaskState) -> Option<String> {
+    let mut first_error = None;
+    let mut pending = false;
+    for part in state.parts.values_mut() {
+        let Some(offset) = part.rewind_to else { continue };
+        match fetcher.seek(part.tp.topic.as_str(), part.tp.partition.get(), offset) {
+            Ok(()) => part.rewind_to = None,
+            Err(e) => {
+                pending = true;
+                first_error.get_or_insert_with(|| {
+                    format!("kafka {}: seeking back to offset {offset} after the lease ran out: {e}", part.tp)
+                });
+            }
+        }
+    }
+    state.rewinds_pending = pending;
+    first_error
 }
 
 #[cfg(test)]
@@ -406,19 +486,24 @@ mod tests {
         assert_eq!(outstanding, 150);
     }
 
-    /// Fails its `fail_at`-th emit.
-    struct FailingOnce {
+    /// Emits into a list after `before(n)` for the `n`-th emit (from 1) let it: an error from
+    /// `before` refuses the tuple.
+    struct Hooked<F> {
         emitted: Emitted,
         calls: usize,
-        fail_at: usize,
+        before: F,
     }
 
-    impl Emit for FailingOnce {
+    impl<F: FnMut(usize) -> std::result::Result<(), ComponentError>> Hooked<F> {
+        fn new(before: F) -> Self {
+            Hooked { emitted: Emitted::default(), calls: 0, before }
+        }
+    }
+
+    impl<F: FnMut(usize) -> std::result::Result<(), ComponentError>> Emit for Hooked<F> {
         fn emit(&mut self, values: Values, msg_id: u64) -> std::result::Result<(), ComponentError> {
             self.calls += 1;
-            if self.calls == self.fail_at {
-                return Err("the executor refused a tuple".into());
-            }
+            (self.before)(self.calls)?;
             self.emitted.emit(values, msg_id)
         }
 
@@ -431,7 +516,9 @@ mod tests {
     fn a_failed_emit_loses_none_of_the_batch_taken_from_librdkafka() {
         let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
         let (mut hot, state) = hot_path_over(&cluster, 1, 20, 64, &[]);
-        let mut out = FailingOnce { emitted: Emitted::default(), calls: 0, fail_at: 3 };
+        // Its third emit fails.
+        let mut out =
+            Hooked::new(|n| if n == 3 { Err("the executor refused a tuple".into()) } else { Ok(()) });
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut errors = 0;
         while out.calls < 20 {
@@ -450,5 +537,47 @@ mod tests {
             (part.offsets.outstanding(), part.offsets.next(), part.offsets.safe_offset()),
             (20, 20, 0)
         );
+    }
+
+    /// issue 12's pause, inside one call: the lease held when the call began and ran out
+    /// while it emitted. What the call fetched after that is given back, not emitted, and read
+    /// again once the lease is renewed: nothing is skipped or emitted twice.
+    #[test]
+    fn a_batch_fetched_after_the_lease_ran_out_mid_call_is_given_back_and_read_again() {
+        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+        // librdkafka hands out 4 messages per fetch; a call may emit 64. A partition sought back
+        // is read again by librdkafka's next fetch request, which a short wait sends sooner.
+        let (mut hot, state) = hot_path_over(&cluster, 2, 100, 4, &[("fetch.wait.max.ms", "10")]);
+        hot.emit_batch = 64;
+        let mut emitted = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while emitted.len() < 200 {
+            assert!(Instant::now() < deadline, "only {} of 200 tuples emitted", emitted.len());
+            // Renewed between calls, as the keeper renews a lease it re-validated.
+            hot.lease = Lease::granted(SessionId(1), LeaseInstant::now(), Duration::from_secs(3600));
+            // The lease ends at the call's first emit: the process stopped (or stalled) past the
+            // lease right after the call's check.
+            let lease = hot.lease.clone();
+            let mut out = Hooked::new(move |_| {
+                lease.end();
+                Ok(())
+            });
+            hot.next_tuple(&mut out).unwrap();
+            let n = out.emitted.0.len();
+            assert!(n <= 4, "{n} tuples emitted in one call: only the fetch before the lease ran out may be");
+            emitted.extend(out.emitted.0.iter().map(|(values, _)| fields(values)));
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let mut seen = std::collections::BTreeMap::<i64, Vec<i64>>::new();
+        for (partition, offset, key, _) in &emitted {
+            assert_eq!(*key, format!("k{partition}-{offset}"));
+            seen.entry(*partition).or_default().push(*offset);
+        }
+        for p in 0..2 {
+            assert_eq!(seen.get(&p), Some(&(0..100).collect::<Vec<i64>>()), "partition {p}");
+        }
+        let state = lock(&state);
+        assert!(state.batches_given_back > 0, "no batch was given back: the test proved nothing");
+        assert!(!state.rewinds_pending && state.parts.values().all(|p| p.rewind_to.is_none()));
     }
 }

@@ -29,6 +29,10 @@ pub(super) struct PartState {
     pub(super) started: bool,
     /// False once a revoke started: nothing more is emitted from it.
     pub(super) emitting: bool,
+    /// Set when messages fetched from it were given back unemitted because the lease ran out
+    /// during the call: librdkafka's fetch position must go back to this offset (a seek)
+    /// before anything more is emitted from it, or those messages would be skipped.
+    pub(super) rewind_to: Option<i64>,
     pub(super) offsets: PartitionOffsets<Stored>,
     pub(super) topic_value: Value,
     pub(super) partition_value: Value,
@@ -127,11 +131,21 @@ pub(super) struct TaskState {
     /// Offset resets librdkafka reported (`auto.offset.reset` after an out-of-range fetch)
     /// whose partition has not been identified yet.
     pub(super) resets_pending: u32,
+    /// Some partition has `rewind_to` set.
+    pub(super) rewinds_pending: bool,
+    /// Fetched batches given back because the lease ran out during the call.
+    pub(super) batches_given_back: u64,
 }
 
 impl TaskState {
     pub(super) fn part_of_slot(&mut self, slot: u16) -> Option<&mut PartState> {
         self.parts.get_mut(&slot)
+    }
+
+    /// librdkafka reported an offset reset (`auto.offset.reset`); which partition is found by
+    /// its next message's offset.
+    pub(super) fn reset_reported(&mut self) {
+        self.resets_pending = self.resets_pending.saturating_add(1).min(1024);
     }
 
     pub(super) fn slot_of(&self, topic: &str, partition: i32) -> Option<u16> {
@@ -171,6 +185,7 @@ impl TaskState {
             base: start.unwrap_or(0),
             started: start.is_some(),
             emitting: true,
+            rewind_to: None,
             offsets: PartitionOffsets::new(start.unwrap_or(0)),
             topic_value: Value::from(tp.topic.as_str()),
             partition_value: Value::Int(i64::from(tp.partition.get())),
