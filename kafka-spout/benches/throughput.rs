@@ -6,7 +6,8 @@
 //! Measured as the peers' `kafka_rust_raw` is (`../shared/peers/kafka/rust`): rates from the
 //! first message to the last (not from start-up), the raw consumer configured like it, CPU from
 //! `getrusage` (microseconds, every thread), and each run's line says what other processes
-//! burnt meanwhile (`other_cpu_s`, the broker excluded) and the load average.
+//! burnt meanwhile (`other_cpu_s`, the broker excluded), the load average and, where the
+//! kernel runs a DAMON monitor, its `kdamond` thread's CPU milliseconds (`kdamond_ms`).
 //!
 //! Then Kafka -> word count (BENCHMARKS.md): the reference sentences as message values, a raw
 //! rdkafka consumer splitting and counting into a map (the "plain consumer + dict" baseline), and

@@ -5,7 +5,9 @@
 //! CPU-second (user + sys of this process from `getrusage`, microseconds), and the p50 / p99 /
 //! p99.9 complete latency at about half of the measured maximum rate (acking on), six runs each
 //! printed. Every figure line ends with what other processes burnt meanwhile (`other_cpu_s`,
-//! the largest of the runs) and the largest load average. Not a timed test.
+//! the largest of the runs), the largest load average and, where the kernel runs a DAMON
+//! monitor, the CPU milliseconds its `kdamond` thread took (`kdamond_ms`: each of its 1-4 ms
+//! bursts holds a core, which shows in the latency tail). Not a timed test.
 //!
 //! Then the same with two worker processes (this binary re-executed as children, connected
 //! over loopback TCP): spout, split and acker in one, count in the other, so every word crosses
@@ -59,6 +61,7 @@ struct Run {
     /// CPU other processes burnt during the run, and the load average at its end.
     other_cpu_s: f64,
     load: f64,
+    kdamond_ms: Option<f64>,
 }
 
 impl Run {
@@ -73,6 +76,7 @@ impl Run {
             p999_us: 0,
             other_cpu_s: context.other_cpu_s,
             load: context.load,
+            kdamond_ms: context.kdamond_ms,
         }
     }
 }
@@ -81,7 +85,9 @@ impl Run {
 fn context(runs: &[Run]) -> String {
     let other = runs.iter().map(|r| r.other_cpu_s).fold(0.0, f64::max);
     let load = runs.iter().map(|r| r.load).fold(0.0, f64::max);
-    format!("other_cpu_s<={other:.2} load<={load:.2}")
+    let kdamond = runs.iter().filter_map(|r| r.kdamond_ms).reduce(f64::max);
+    let kdamond = kdamond.map_or(String::new(), |ms| format!(" kdamond_ms<={ms:.0}"));
+    format!("other_cpu_s<={other:.2} load<={load:.2}{kdamond}")
 }
 
 /// `BATCH=<n>`, or the default `topology.producer.batch.size`.
@@ -433,8 +439,11 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
         let runs: Vec<Run> = (0..6).filter_map(|_| latency_run(rate, 3)).collect();
         for (i, r) in runs.iter().enumerate() {
             println!(
-                "  half load run {i}: p50 {} us, p99 {} us, p99.9 {} us (other_cpu_s={:.2} load={:.2})",
-                r.p50_us, r.p99_us, r.p999_us, r.other_cpu_s, r.load
+                "  half load run {i}: p50 {} us, p99 {} us, p99.9 {} us ({})",
+                r.p50_us,
+                r.p99_us,
+                r.p999_us,
+                context(std::slice::from_ref(r)).replace("<=", "=")
             );
         }
         let p50 = median(runs.iter().map(|r| r.p50_us as f64).collect());
