@@ -263,14 +263,21 @@ fn give_back(batch: &Batch<'_>, state: &mut TaskState) {
     }
 }
 
-/// Seeks every partition marked by [`give_back`] back to its offset. A seek librdkafka refuses
-/// (the partition is being unassigned) stays marked, and its partition fenced, until a later
-/// call's seek succeeds or a new incarnation replaces it; the first such error is returned.
+/// Seeks every partition marked by [`give_back`] back to its offset (a partition being revoked
+/// is only unmarked). A seek librdkafka refuses stays marked, and its partition fenced, until a
+/// later call's seek succeeds or a new incarnation replaces it; the first such error is
+/// returned.
 fn rewind(fetcher: &Fetcher, state: &mut TaskState) -> Option<String> {
     let mut first_error = None;
     let mut pending = false;
     for part in state.parts.values_mut() {
         let Some(offset) = part.rewind_to else { continue };
+        if !part.emitting {
+            // Being revoked: nothing more is emitted from it, and librdkafka may have
+            // unassigned it already (a seek would fail until the coordinator forgets it).
+            part.rewind_to = None;
+            continue;
+        }
         match fetcher.seek(part.tp.topic.as_str(), part.tp.partition.get(), offset) {
             Ok(()) => part.rewind_to = None,
             Err(e) => {
