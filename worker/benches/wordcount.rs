@@ -58,34 +58,21 @@ struct Run {
     p50_us: u64,
     p99_us: u64,
     p999_us: u64,
-    /// CPU other processes burnt during the run, and the load average at its end.
-    other_cpu_s: f64,
-    load: f64,
-    kdamond_ms: Option<f64>,
+    /// What other processes burnt during the run, and the load average at its end.
+    measured: measure::Measured,
 }
 
 impl Run {
     fn new(secs: f64, cpu: f64, sentences: u64, words: u64, context: &measure::Measured) -> Run {
-        Run {
-            secs,
-            cpu,
-            sentences,
-            words,
-            p50_us: 0,
-            p99_us: 0,
-            p999_us: 0,
-            other_cpu_s: context.other_cpu_s,
-            load: context.load,
-            kdamond_ms: context.kdamond_ms,
-        }
+        Run { secs, cpu, sentences, words, p50_us: 0, p99_us: 0, p999_us: 0, measured: *context }
     }
 }
 
 /// `other_cpu_s=<max> load=<max>` over `runs`.
 fn context(runs: &[Run]) -> String {
-    let other = runs.iter().map(|r| r.other_cpu_s).fold(0.0, f64::max);
-    let load = runs.iter().map(|r| r.load).fold(0.0, f64::max);
-    let kdamond = runs.iter().filter_map(|r| r.kdamond_ms).reduce(f64::max);
+    let other = runs.iter().map(|r| r.measured.other_cpu_s).fold(0.0, f64::max);
+    let load = runs.iter().map(|r| r.measured.load).fold(0.0, f64::max);
+    let kdamond = runs.iter().filter_map(|r| r.measured.kdamond_ms).reduce(f64::max);
     let kdamond = kdamond.map_or(String::new(), |ms| format!(" kdamond_ms<={ms:.0}"));
     format!("other_cpu_s<={other:.2} load<={load:.2}{kdamond}")
 }
@@ -443,7 +430,7 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
                 r.p50_us,
                 r.p99_us,
                 r.p999_us,
-                context(std::slice::from_ref(r)).replace("<=", "=")
+                r.measured.context()
             );
         }
         let p50 = median(runs.iter().map(|r| r.p50_us as f64).collect());

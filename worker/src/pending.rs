@@ -173,10 +173,9 @@ impl PendingTrees {
             && let Some(slot) = self.slots.get_mut(index)
         {
             slot.root = 0;
-            let tuple = slot.tuple;
             self.free.push(index as u32);
             self.len -= 1;
-            return Some(tuple);
+            return Some(slot.tuple);
         }
         if self.overflow.is_empty() {
             return None;
