@@ -7,10 +7,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use crate::queue::QueueSender;
 use cluster_state::ids::{ComponentId, TaskId};
-use crossbeam_channel::Sender;
 
 /// Where components' errors go (drained by the worker's error reporter).
 pub(crate) type ErrorSender = tokio::sync::mpsc::Sender<ErrorReport>;
@@ -62,7 +62,7 @@ pub(crate) struct Routes {
     /// Destination index per task id (index 0 unused); `u32::MAX` for unassigned tasks.
     pub(crate) dest_of_task: Vec<u32>,
     /// Destination queues: local executors' inboxes and peer workers' send queues.
-    pub(crate) dests: Vec<Sender<Batch>>,
+    pub(crate) dests: Vec<QueueSender<Batch>>,
 }
 
 /// Routes that the worker may replace when the assignment changes; executors pick up a new
@@ -122,6 +122,11 @@ pub(crate) struct Emitter {
     version: u64,
     routes: Arc<Routes>,
     bufs: Vec<Batch>,
+    /// When a partial batch last went to each destination (`flush_paced`).
+    last_partial: Vec<Option<Instant>>,
+    /// `squall.batch.flush.interval.us`: the shortest time between two partial batches to one
+    /// destination.
+    flush_interval: Duration,
     batch_size: usize,
     /// Acker tasks; empty when acking is off.
     pub(crate) ackers: Vec<TaskId>,
@@ -148,12 +153,13 @@ impl Emitter {
         streams: Vec<OutStream>,
         shared: Arc<SharedRoutes>,
         batch_size: usize,
+        flush_interval: Duration,
         ackers: Vec<TaskId>,
         errors: Option<ErrorSender>,
         stats: Arc<ExecStats>,
     ) -> Self {
         let (version, routes) = shared.load();
-        let bufs = (0..routes.dests.len()).map(|_| Vec::new()).collect();
+        let bufs: Vec<Batch> = (0..routes.dests.len()).map(|_| Vec::new()).collect();
         Emitter {
             component,
             task,
@@ -161,7 +167,9 @@ impl Emitter {
             shared,
             version,
             routes,
+            last_partial: vec![None; bufs.len()],
             bufs,
+            flush_interval,
             batch_size: batch_size.max(1),
             ackers,
             rng: SplitMix64::new(
@@ -285,6 +293,17 @@ impl Emitter {
         for dest in 0..self.bufs.len() {
             self.flush_dest(dest);
         }
+        self.publish();
+        if self.shared.version.load(Ordering::Acquire) != self.version {
+            let (version, routes) = self.shared.load();
+            self.version = version;
+            self.routes = routes;
+            self.bufs = (0..self.routes.dests.len()).map(|_| Vec::new()).collect();
+            self.last_partial = vec![None; self.bufs.len()];
+        }
+    }
+
+    fn publish(&mut self) {
         if self.emitted > 0 || self.transferred > 0 {
             self.stats.emitted.fetch_add(self.emitted, Ordering::Relaxed);
             self.stats.transferred.fetch_add(self.transferred, Ordering::Relaxed);
@@ -297,12 +316,45 @@ impl Emitter {
             self.acked = 0;
             self.failed = 0;
         }
-        if self.shared.version.load(Ordering::Acquire) != self.version {
-            let (version, routes) = self.shared.load();
-            self.version = version;
-            self.routes = routes;
-            self.bufs = (0..self.routes.dests.len()).map(|_| Vec::new()).collect();
+    }
+
+    /// Hands over partial batches like [`Self::flush`], but at most one per
+    /// `flush_interval` to each destination: one that got a partial batch less than that ago
+    /// keeps collecting. Returns when the first batch held back is due (the executor waits no
+    /// longer than that for input). Paced, a destination is woken at most once per interval
+    /// by this executor however small its input's batches are: at half load, most of the CPU
+    /// a tuple cost went to waking threads for batches of one or two tuples. A trickle is
+    /// never held back (its batches are further apart than the interval), and neither is a
+    /// full batch.
+    pub(crate) fn flush_paced(&mut self) -> Option<Instant> {
+        if self.flush_interval.is_zero() || self.shared.version.load(Ordering::Acquire) != self.version {
+            // New routes: everything goes where it was routed first (`flush` takes them).
+            self.flush();
+            return None;
         }
+        // The clock is read only when there is something to hand over.
+        let due_first =
+            if self.bufs.iter().any(|b| !b.is_empty()) { self.pace(Instant::now()) } else { None };
+        self.publish();
+        due_first
+    }
+
+    /// `flush_paced`'s hand-over at `now`.
+    fn pace(&mut self, now: Instant) -> Option<Instant> {
+        let mut due_first: Option<Instant> = None;
+        for dest in 0..self.bufs.len() {
+            if self.bufs[dest].is_empty() {
+                continue;
+            }
+            let due = self.last_partial[dest].map_or(now, |last| last + self.flush_interval);
+            if now >= due {
+                self.flush_dest(dest);
+                self.last_partial[dest] = Some(now);
+            } else {
+                due_first = Some(due_first.map_or(due, |d| d.min(due)));
+            }
+        }
+        due_first
     }
 
     /// Picks up routes replaced since the last flush (one atomic load when they were not):
@@ -660,6 +712,77 @@ mod tests {
         }
     }
 
+    /// Paced, a destination gets at most one partial batch per flush interval: the first goes
+    /// at once (a trickle is not held back), the next waits until the interval has passed
+    /// and then carries everything sent since; a full batch goes at once; other destinations
+    /// keep their own pace.
+    #[test]
+    fn paced_partial_batches_go_at_most_once_per_interval_per_destination() {
+        use cluster_state::ids::ExecutorId;
+
+        let (tx_a, rx_a) = crate::queue::unbounded();
+        let (tx_b, rx_b) = crate::queue::unbounded();
+        // Tasks 5 and 6 live behind destination 0, task 7 behind destination 1.
+        let dest_of_task = vec![u32::MAX, u32::MAX, u32::MAX, u32::MAX, u32::MAX, 0, 0, 1];
+        let routes = SharedRoutes::new(Routes { dest_of_task, dests: vec![tx_a, tx_b] });
+        let stats = Arc::new(ExecStats::new(ExecutorId::single(TaskId(3))));
+        let interval = Duration::from_millis(50);
+        let mut em = Emitter::new(
+            ComponentId::new("split").unwrap(),
+            TaskId(3),
+            Vec::new(),
+            routes,
+            4,
+            interval,
+            Vec::new(),
+            None,
+            stats,
+        );
+        let ack =
+            |task: u32, root: u64| Envelope::Ack { task: TaskId(task), msg: AckMsg::Ack { root, val: 1 } };
+        let lens =
+            |rx: &crate::queue::QueueReceiver<Batch>| rx.try_iter().map(|b| b.len()).collect::<Vec<_>>();
+        let t0 = Instant::now();
+
+        em.send(ack(5, 1));
+        assert_eq!(em.pace(t0), None, "nothing is held back");
+        assert_eq!(lens(&rx_a), [1], "the first partial batch goes at once");
+
+        em.send(ack(5, 2));
+        em.send(ack(6, 3));
+        em.send(ack(7, 4));
+        assert_eq!(
+            em.pace(t0 + Duration::from_millis(10)),
+            Some(t0 + interval),
+            "due one interval after the last"
+        );
+        assert_eq!(lens(&rx_a), Vec::<usize>::new(), "held back within the interval");
+        assert_eq!(lens(&rx_b), [1], "another destination has its own pace");
+
+        em.send(ack(6, 5));
+        assert_eq!(em.pace(t0 + Duration::from_millis(49)), Some(t0 + interval));
+        assert_eq!(lens(&rx_a), Vec::<usize>::new());
+        assert_eq!(em.pace(t0 + interval), None);
+        assert_eq!(lens(&rx_a), [3], "everything held back goes in one batch when due");
+
+        // A full batch (4) goes at once, whatever the pace.
+        for root in 10..14 {
+            em.send(ack(5, root));
+        }
+        assert_eq!(lens(&rx_a), [4]);
+        // ... and does not count as a partial one: the next partial is still paced by the last.
+        em.send(ack(5, 20));
+        let due = t0 + interval + interval;
+        assert_eq!(em.pace(t0 + interval + Duration::from_millis(1)), Some(due));
+        assert_eq!(em.pace(due), None);
+        assert_eq!(lens(&rx_a), [1]);
+
+        // `flush` hands over everything at once.
+        em.send(ack(5, 30));
+        em.flush();
+        assert_eq!(lens(&rx_a), [1]);
+    }
+
     /// A bolt acking the inputs of one tree one after another sends one `Ack` carrying their
     /// XOR; an ack of another tree in between starts a new message. Either way the acker
     /// reaches the same verdict at the same last message as without merging.
@@ -669,7 +792,7 @@ mod tests {
         use cluster_state::ids::ExecutorId;
 
         let acker = TaskId(5);
-        let (tx, rx) = crossbeam_channel::unbounded();
+        let (tx, rx) = crate::queue::unbounded();
         let mut dest_of_task = vec![u32::MAX; 6];
         dest_of_task[5] = 0;
         let routes = SharedRoutes::new(Routes { dest_of_task, dests: vec![tx] });
@@ -680,6 +803,7 @@ mod tests {
             Vec::new(),
             routes,
             1024,
+            Duration::ZERO,
             vec![acker],
             None,
             stats,

@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cluster_state::ids::{ComponentId, ExecutorId, TaskId};
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use hdrhistogram::Histogram;
 use tokio_util::sync::CancellationToken;
 
@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::grouping::Chooser;
 use crate::layout::TaskLayout;
 use crate::pending::{PendingTrees, PendingTuple};
+use crate::queue::{QueueReceiver, QueueSender};
 use crate::stats::{ExecStats, SAMPLE_EVERY};
 use crate::topology::{ACKER_COMPONENT, ComponentKind, Topology};
 use crate::tuple::{Anchors, Fields, SYSTEM_COMPONENT, StreamMeta, TICK_STREAM, Tuple, Value};
@@ -119,10 +120,13 @@ pub(crate) struct RunningExecutor {
 }
 
 /// The inbound queue of an executor of `component`: bounded for bolts, unbounded otherwise.
-pub(crate) fn inbox(topology: &Topology, component: &ComponentId) -> (Sender<Batch>, Receiver<Batch>) {
+pub(crate) fn inbox(
+    topology: &Topology,
+    component: &ComponentId,
+) -> (QueueSender<Batch>, QueueReceiver<Batch>) {
     match topology.components().get(component) {
-        Some(spec) if !spec.is_spout() => crossbeam_channel::bounded(topology.config().queue_batches()),
-        _ => crossbeam_channel::unbounded(),
+        Some(spec) if !spec.is_spout() => crate::queue::bounded(topology.config().queue_batches()),
+        _ => crate::queue::unbounded(),
     }
 }
 
@@ -150,13 +154,14 @@ fn emitter_of(
     } else {
         Vec::new()
     };
-    let batch_size = shared.topology.config().producer_batch_size as usize;
+    let config = shared.topology.config();
     Emitter::new(
         component.clone(),
         id.start_task(),
         streams,
         shared.routes.clone(),
-        batch_size,
+        config.producer_batch_size as usize,
+        Duration::from_micros(config.batch_flush_interval_us),
         ackers,
         shared.errors.clone(),
         stats,
@@ -170,7 +175,7 @@ pub(crate) fn spawn(
     shared: &Shared,
     id: ExecutorId,
     component: ComponentId,
-    inbox: Receiver<Batch>,
+    inbox: QueueReceiver<Batch>,
     local_tasks: &BTreeSet<TaskId>,
     fused_acker: Option<ExecutorId>,
 ) -> Result<(RunningExecutor, Option<RunningExecutor>)> {
@@ -243,7 +248,7 @@ fn report_start_failure(em: &mut Emitter, ctx: &TopologyContext, reason: String)
 fn run_spout(
     shared: Shared,
     mut em: Emitter,
-    inbox: Receiver<Batch>,
+    inbox: QueueReceiver<Batch>,
     mut spouts: Vec<Box<dyn Spout>>,
     contexts: Vec<TopologyContext>,
     stats: Arc<ExecStats>,
@@ -376,8 +381,9 @@ fn run_spout(
         }
         em.acked += std::mem::take(&mut acked);
         em.failed += std::mem::take(&mut failed);
-        // Publishes the counts too (emitted, acked, ...).
-        em.flush();
+        // Publishes the counts too (emitted, acked, ...). A partial batch held back by the
+        // flush interval goes at `flush_at` at the latest: the wait below ends by then.
+        let flush_at = em.flush_paced();
         if let Some(acker) = fused.as_mut() {
             acker.flush();
         }
@@ -392,7 +398,11 @@ fn run_spout(
             last_publish = Instant::now();
         }
         if !emitted {
-            match inbox.recv_timeout(if active { wait } else { IDLE_POLL }) {
+            let mut timeout = if active { wait } else { IDLE_POLL };
+            if let Some(at) = flush_at {
+                timeout = timeout.min(at.saturating_duration_since(Instant::now()));
+            }
+            match inbox.recv_timeout(timeout) {
                 Ok(b) => on_done(
                     &mut spouts,
                     &mut pending,
@@ -597,7 +607,7 @@ fn tick_meta() -> Option<Arc<StreamMeta>> {
 fn run_bolt(
     shared: Shared,
     mut em: Emitter,
-    inbox: Receiver<Batch>,
+    inbox: QueueReceiver<Batch>,
     mut bolts: Vec<Box<dyn Bolt>>,
     contexts: Vec<TopologyContext>,
     stats: Arc<ExecStats>,
@@ -635,14 +645,21 @@ fn run_bolt(
         }
     };
 
+    // When the first batch held back by the flush interval is due (`Emitter::flush_paced`).
+    let mut flush_at: Option<Instant> = None;
     loop {
-        // The clock is read only when tick tuples are on (5% of a busy bolt's CPU otherwise).
+        // The clock is read only when tick tuples are on or a batch is held back (5% of a busy
+        // bolt's CPU otherwise).
+        let wake_at = match (next_tick, flush_at) {
+            (Some(t), Some(f)) => Some(t.min(f)),
+            (t, f) => t.or(f),
+        };
         let timeout =
-            next_tick.map_or(IDLE_POLL, |t| t.saturating_duration_since(Instant::now()).min(IDLE_POLL));
+            wake_at.map_or(IDLE_POLL, |t| t.saturating_duration_since(Instant::now()).min(IDLE_POLL));
         let received = if wakers.is_empty() {
             inbox.recv_timeout(timeout)
         } else {
-            crate::multilang::recv_or_wake(&inbox, &wakers, timeout)
+            crate::multilang::recv_or_wake(inbox.channel(), &wakers, timeout)
         };
         match received {
             Ok(mut b) => loop {
@@ -684,11 +701,12 @@ fn run_bolt(
             poll_bolts(&mut bolts, &contexts, &mut em);
         }
         // Publishes the counts too (emitted, acked, ...).
-        em.flush();
+        flush_at = em.flush_paced();
         if shared.cancel.is_cancelled() {
             break;
         }
     }
+    em.flush();
     for b in bolts.iter_mut() {
         b.cleanup();
     }
@@ -735,14 +753,16 @@ impl Inputs {
     }
 }
 
-fn run_acker(shared: Shared, mut em: Emitter, inbox: Receiver<Batch>) {
+fn run_acker(shared: Shared, mut em: Emitter, inbox: QueueReceiver<Batch>) {
     let mut ledger = AckLedger::default();
     let rotate_every =
         Duration::from_millis(shared.topology.config().message_timeout_secs.saturating_mul(1000) / 2)
             .max(Duration::from_millis(1));
     let mut next_rotate = Instant::now() + rotate_every;
+    let mut flush_at: Option<Instant> = None;
     loop {
-        let timeout = next_rotate.saturating_duration_since(Instant::now()).min(IDLE_POLL);
+        let wake_at = flush_at.map_or(next_rotate, |f| f.min(next_rotate));
+        let timeout = wake_at.saturating_duration_since(Instant::now()).min(IDLE_POLL);
         match inbox.recv_timeout(timeout) {
             Ok(mut b) => loop {
                 em.refresh_routes();
@@ -770,11 +790,12 @@ fn run_acker(shared: Shared, mut em: Emitter, inbox: Receiver<Batch>) {
             ledger.rotate();
         }
         // Publishes the counts too.
-        em.flush();
+        flush_at = em.flush_paced();
         if shared.cancel.is_cancelled() {
             break;
         }
     }
+    em.flush();
 }
 
 #[cfg(test)]

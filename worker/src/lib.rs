@@ -67,6 +67,7 @@ pub mod metrics;
 pub mod multilang;
 mod pending;
 pub mod process;
+mod queue;
 pub mod runtime;
 mod static_worker;
 pub mod stats;

@@ -29,7 +29,7 @@ pub struct ExecutorSource {
     pub is_spout: bool,
     pub stats: Arc<ExecStats>,
     /// Its inbound queue (for depth and capacity).
-    pub(crate) inbox: Option<crossbeam_channel::Sender<Batch>>,
+    pub(crate) inbox: Option<crate::queue::QueueSender<Batch>>,
 }
 
 /// The collector; register it once, then [`ExecutorMetrics::set_sources`] whenever the

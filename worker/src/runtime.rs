@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::queue::{QueueReceiver, QueueSender};
 use cluster_state::ids::{ComponentId, ExecutorId, TaskId};
-use crossbeam_channel::{Receiver, Sender};
 use tokio_util::sync::CancellationToken;
 
 use crate::acker::AckMsg;
@@ -31,11 +31,11 @@ pub struct WorkerRuntime {
     pub(crate) table: Arc<StreamTable>,
     pub(crate) layout: Arc<TaskLayout>,
     /// Inbox of each local task, for frames received from peers.
-    pub(crate) inboxes: BTreeMap<TaskId, Sender<Batch>>,
+    pub(crate) inboxes: BTreeMap<TaskId, QueueSender<Batch>>,
 }
 
 /// An executor to start: id, component, its worker's tasks, its inbox.
-type ExecutorQueue = (ExecutorId, ComponentId, Arc<BTreeSet<TaskId>>, Receiver<Batch>);
+type ExecutorQueue = (ExecutorId, ComponentId, Arc<BTreeSet<TaskId>>, QueueReceiver<Batch>);
 
 /// What to build a runtime from.
 pub(crate) struct RuntimeParts {
@@ -45,7 +45,7 @@ pub(crate) struct RuntimeParts {
     pub(crate) executors: Vec<(ExecutorId, Arc<BTreeSet<TaskId>>)>,
     /// Destinations of tasks run elsewhere: task -> index into `remote_dests`.
     pub(crate) remote_tasks: BTreeMap<TaskId, usize>,
-    pub(crate) remote_dests: Vec<Sender<Batch>>,
+    pub(crate) remote_dests: Vec<QueueSender<Batch>>,
     pub(crate) errors: Option<ErrorSender>,
     pub(crate) start_active: bool,
 }
@@ -126,7 +126,11 @@ impl WorkerRuntime {
     }
 
     /// Replaces where tasks of other workers are sent (after an assignment change).
-    pub(crate) fn set_remote(&self, remote_tasks: &BTreeMap<TaskId, usize>, remote_dests: &[Sender<Batch>]) {
+    pub(crate) fn set_remote(
+        &self,
+        remote_tasks: &BTreeMap<TaskId, usize>,
+        remote_dests: &[QueueSender<Batch>],
+    ) {
         let mut routes =
             Routes { dest_of_task: vec![u32::MAX; self.layout.max_task() as usize + 1], dests: Vec::new() };
         let mut local: BTreeMap<usize, u32> = BTreeMap::new();

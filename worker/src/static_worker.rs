@@ -20,7 +20,7 @@ use crate::transport::{
 };
 
 /// Where remote tasks go: task -> index into the peer queues, and the queues.
-type RemoteRoutes = (BTreeMap<TaskId, usize>, Vec<crossbeam_channel::Sender<Batch>>);
+type RemoteRoutes = (BTreeMap<TaskId, usize>, Vec<crate::queue::QueueSender<Batch>>);
 
 /// How long a stopped peer's sender may flush before its connection is closed: it is not
 /// waited for (the worker's control loop is async), only checked at the next reconcile.

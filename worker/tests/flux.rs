@@ -142,6 +142,12 @@ fn bad_files_name_the_element_and_line() {
             vec!["topology.max.spout.pending", "at least 1"],
         ),
         (
+            "  topology.max.spout.pending: 1000",
+            "  topology.max.spout.pending: 1000\n  squall.batch.flush.interval.us: 5000000",
+            |e| matches!(e, Error::BadConfig { .. }),
+            vec!["squall.batch.flush.interval.us", "at most 1000000 (1 s)"],
+        ),
+        (
             "params: {rate_per_sec: 1000, count: 100}",
             "params: {rate: 1000}",
             |e| matches!(e, Error::BadParams { .. }),

@@ -149,8 +149,8 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::Ordering;
 
+    use crate::queue::QueueReceiver as Receiver;
     use cluster_state::ids::TaskId;
-    use crossbeam_channel::Receiver;
 
     use super::codec::{decode_batch, encode_batch, write_frame};
     use super::tls::TransportTls;
@@ -217,7 +217,7 @@ mod tests {
     ) -> (PeerReceiver, Arc<TransportStats>, Receiver<Batch>, u32) {
         let table = Arc::new(table());
         let stream = split_stream(&table);
-        let (tx, rx) = capacity.map_or_else(crossbeam_channel::unbounded, crossbeam_channel::bounded);
+        let (tx, rx) = capacity.map_or_else(crate::queue::unbounded, crate::queue::bounded);
         let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
         let stats = Arc::new(TransportStats::default());
         (receiver(0, table, dispatch, &stats, &secret(), tls), stats, rx, stream)
@@ -322,7 +322,7 @@ mod tests {
     fn a_corrupt_frame_delivers_nothing_and_closes_the_connection() {
         let table = Arc::new(table());
         let stream = table.metas.iter().find(|m| m.component.as_str() == "split").unwrap().index;
-        let (tx, rx) = crossbeam_channel::unbounded();
+        let (tx, rx) = crate::queue::unbounded();
         let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
         let receiver = receiver(0, table, dispatch, &Arc::default(), &secret(), None);
         let mut conn = connected(receiver.local_addr(), &secret());
@@ -370,7 +370,7 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "the sender never took the batches");
             std::thread::sleep(Duration::from_millis(10));
         }
-        let (tx, rx) = crossbeam_channel::unbounded();
+        let (tx, rx) = crate::queue::unbounded();
         let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
         let receiver = receiver(port, table, dispatch, &stats, &secret(), None);
         let mut words = Vec::new();
@@ -642,7 +642,7 @@ mod tests {
     #[test]
     fn connections_over_the_limit_are_closed_at_once_and_counted() {
         let table = Arc::new(table());
-        let (tx, _rx) = crossbeam_channel::unbounded();
+        let (tx, _rx) = crate::queue::unbounded();
         let dispatch: Dispatch = Arc::new([(TaskId(3), tx)].into_iter().collect());
         let stats = Arc::new(TransportStats::default());
         let setup = ReceiverSetup {

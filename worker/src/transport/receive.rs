@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::queue::QueueSender;
 use cluster_state::ids::TaskId;
-use crossbeam_channel::Sender;
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{self, TopologySecret};
@@ -71,7 +71,7 @@ impl LogBudget {
 }
 
 /// Where received envelopes go: the inbox of each local task.
-pub(crate) type Dispatch = Arc<BTreeMap<TaskId, Sender<Batch>>>;
+pub(crate) type Dispatch = Arc<BTreeMap<TaskId, QueueSender<Batch>>>;
 
 /// What the receiver needs besides its port.
 #[derive(Debug, Clone)]
@@ -456,7 +456,7 @@ fn spawn_receivers(admitted: &crossbeam_channel::Receiver<Admitted>, setup: &Rec
 
 /// A connection's destinations: one batch per destination inbox, found by task id.
 struct Groups {
-    groups: Vec<(Sender<Batch>, Batch)>,
+    groups: Vec<(QueueSender<Batch>, Batch)>,
     group_of_task: Vec<u32>,
     /// Envelopes for tasks this worker does not run (dropped, as a local emit to an unassigned
     /// task is).
@@ -479,7 +479,7 @@ fn receive_loop(stream: PeerStream, peer: &str, setup: &ReceiverSetup) -> Result
     let mut r = stream;
     // One batch per destination inbox, and each task's batch by index (tasks are small dense
     // integers), so an envelope goes to its batch as it is decoded.
-    let mut groups: Vec<(Sender<Batch>, Batch)> = Vec::new();
+    let mut groups: Vec<(QueueSender<Batch>, Batch)> = Vec::new();
     let mut group_of_task: Vec<u32> = Vec::new();
     for (task, tx) in setup.dispatch.iter() {
         let group = match groups.iter().position(|(t, _)| t.same_channel(tx)) {

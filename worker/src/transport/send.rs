@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::RecvTimeoutError;
+
+use crate::queue::{QueueReceiver, QueueSender};
 
 use super::auth::{self, TopologySecret};
 use super::codec::{FrameBuf, PushError};
@@ -27,7 +29,7 @@ const POLL: Duration = Duration::from_millis(50);
 /// The connection to one peer worker: a queue and the thread draining it.
 #[derive(Debug)]
 pub(crate) struct PeerSender {
-    pub(crate) tx: Sender<Batch>,
+    pub(crate) tx: QueueSender<Batch>,
     stop: Arc<AtomicBool>,
     /// The thread's current connection, so a stop can unblock a write into a peer that reads
     /// nothing.
@@ -49,7 +51,7 @@ pub(crate) struct PeerAddr {
 impl PeerSender {
     /// Starts the thread for the peer at `to`.
     pub(crate) fn start(to: PeerAddr, stats: Arc<TransportStats>) -> Result<Self> {
-        let (tx, rx) = crossbeam_channel::bounded(PEER_QUEUE_BATCHES);
+        let (tx, rx) = crate::queue::bounded(PEER_QUEUE_BATCHES);
         let stop = Arc::new(AtomicBool::new(false));
         let conn: Arc<Mutex<Option<TcpStream>>> = Arc::default();
         let (s, c) = (stop.clone(), conn.clone());
@@ -147,7 +149,7 @@ pub(super) fn open(
 
 fn send_loop(
     to: &PeerAddr,
-    rx: &Receiver<Batch>,
+    rx: &QueueReceiver<Batch>,
     stop: &AtomicBool,
     shared: &Mutex<Option<TcpStream>>,
     stats: &TransportStats,
@@ -241,7 +243,7 @@ fn send_loop(
 fn send_batches(
     first: Batch,
     held: &mut Held,
-    rx: &Receiver<Batch>,
+    rx: &QueueReceiver<Batch>,
     frame: &mut FrameBuf,
     w: &mut PeerStream,
     stats: &TransportStats,
