@@ -16,7 +16,8 @@
 //!
 //! `cargo bench -p worker --bench wordcount [-- <sentences> [--only hop|wc|latency|two]]` (default
 //! 2,000,000);
-//! `BATCH=<n>` overrides `topology.producer.batch.size`.
+//! `BATCH=<n>` overrides `topology.producer.batch.size`, `FLUSH_US=<n>`
+//! `squall.batch.flush.interval.us`.
 
 // As in the `squall` binary: glibc malloc with frees on other threads (tuples cross executors)
 // costs ~20-40% of throughput here.
@@ -85,11 +86,20 @@ fn batch_size() -> u32 {
         .unwrap_or(TopologyConfig::default().producer_batch_size)
 }
 
+/// `FLUSH_US=<n>`, or the default `squall.batch.flush.interval.us`.
+fn flush_us() -> u64 {
+    std::env::var("FLUSH_US")
+        .ok()
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(TopologyConfig::default().batch_flush_interval_us)
+}
+
 fn topology(acking: bool, count: Option<u64>, rate: Option<f64>) -> worker::Topology {
     let config = TopologyConfig {
         acker_executors: Some(u32::from(acking)),
         max_spout_pending: acking.then_some(20_000),
         producer_batch_size: batch_size(),
+        batch_flush_interval_us: flush_us(),
         ..TopologyConfig::default()
     };
     let mut b = TopologyBuilder::new("wordcount");
@@ -125,6 +135,7 @@ fn hop_topology(acking: bool, items: u64) -> Option<worker::Topology> {
         acker_executors: Some(u32::from(acking)),
         max_spout_pending: acking.then_some(20_000),
         producer_batch_size: batch_size(),
+        batch_flush_interval_us: flush_us(),
         ..TopologyConfig::default()
     };
     let mut b = TopologyBuilder::new("hop");
