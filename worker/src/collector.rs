@@ -112,6 +112,41 @@ pub struct ErrorReport {
     pub error: String,
 }
 
+/// Partial batches to one destination within one flush interval, sent at once, after which
+/// the destination's partial batches are paced (one per interval).
+const PACE_AFTER: u32 = 3;
+
+/// Passes that must add to a held batch after its first and before it is due for pacing to
+/// go on.
+const KEEP_PACING_MERGES: u32 = 1;
+
+/// How partial batches go to one destination (`Emitter::flush_paced`). A destination that
+/// gets partial batches faster than [`PACE_AFTER`] per flush interval (an executor running
+/// out of input every few microseconds at partial load: batches of one or two tuples, each
+/// waking the receiver) is paced: its next partial batch is held until one interval after
+/// the last, collecting what the executor's next passes add. Pacing ends when a held batch
+/// collected too little to pay for holding it (a trickle, or input that itself comes in
+/// paced batches): then partial batches go at once again. At half load this halved a word
+/// count's CPU per tuple; a trickle is not held back.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    /// When the last partial batch went.
+    last: Option<Instant>,
+    /// Partial batches sent at once since the instant, within one interval of it.
+    window: (Instant, u32),
+    /// Partial batches wait until one interval after `last`.
+    holding: bool,
+    /// The held batch's length at the last look, and how many looks found it grown.
+    seen: usize,
+    grew: u32,
+}
+
+impl Default for Pace {
+    fn default() -> Self {
+        Pace { last: None, window: (Instant::now(), 0), holding: false, seen: 0, grew: 0 }
+    }
+}
+
 /// The executor's output machinery.
 #[derive(Debug)]
 pub(crate) struct Emitter {
@@ -122,8 +157,8 @@ pub(crate) struct Emitter {
     version: u64,
     routes: Arc<Routes>,
     bufs: Vec<Batch>,
-    /// When a partial batch last went to each destination (`flush_paced`).
-    last_partial: Vec<Option<Instant>>,
+    /// How partial batches go to each destination (`flush_paced`).
+    paces: Vec<Pace>,
     /// `squall.batch.flush.interval.us`: the shortest time between two partial batches to one
     /// destination.
     flush_interval: Duration,
@@ -167,7 +202,7 @@ impl Emitter {
             shared,
             version,
             routes,
-            last_partial: vec![None; bufs.len()],
+            paces: vec![Pace::default(); bufs.len()],
             bufs,
             flush_interval,
             batch_size: batch_size.max(1),
@@ -299,7 +334,7 @@ impl Emitter {
             self.version = version;
             self.routes = routes;
             self.bufs = (0..self.routes.dests.len()).map(|_| Vec::new()).collect();
-            self.last_partial = vec![None; self.bufs.len()];
+            self.paces = vec![Pace::default(); self.bufs.len()];
         }
     }
 
@@ -318,14 +353,11 @@ impl Emitter {
         }
     }
 
-    /// Hands over partial batches like [`Self::flush`], but at most one per
-    /// `flush_interval` to each destination: one that got a partial batch less than that ago
-    /// keeps collecting. Returns when the first batch held back is due (the executor waits no
-    /// longer than that for input). Paced, a destination is woken at most once per interval
-    /// by this executor however small its input's batches are: at half load, most of the CPU
-    /// a tuple cost went to waking threads for batches of one or two tuples. A trickle is
-    /// never held back (its batches are further apart than the interval), and neither is a
-    /// full batch.
+    /// Hands over partial batches like [`Self::flush`], paced per destination (see [`Pace`]):
+    /// a destination that gets partial batches faster than [`PACE_AFTER`] per
+    /// `flush_interval` gets at most one per interval while holding a batch back merges
+    /// enough into it. Returns when the first batch held back is due (the executor waits no
+    /// longer than that for input). A full batch always goes at once.
     pub(crate) fn flush_paced(&mut self) -> Option<Instant> {
         if self.flush_interval.is_zero() || self.shared.version.load(Ordering::Acquire) != self.version {
             // New routes: everything goes where it was routed first (`flush` takes them).
@@ -341,18 +373,41 @@ impl Emitter {
 
     /// `flush_paced`'s hand-over at `now`.
     fn pace(&mut self, now: Instant) -> Option<Instant> {
+        let interval = self.flush_interval;
         let mut due_first: Option<Instant> = None;
         for dest in 0..self.bufs.len() {
-            if self.bufs[dest].is_empty() {
+            let len = self.bufs[dest].len();
+            if len == 0 {
                 continue;
             }
-            let due = self.last_partial[dest].map_or(now, |last| last + self.flush_interval);
-            if now >= due {
-                self.flush_dest(dest);
-                self.last_partial[dest] = Some(now);
+            let p = &mut self.paces[dest];
+            if p.holding {
+                let due = p.last.map_or(now, |last| last + interval);
+                if now < due {
+                    if len != p.seen {
+                        // A pass since the last look added to the held batch (or a full batch
+                        // went).
+                        p.grew += u32::from(p.seen > 0 && len > p.seen);
+                        p.seen = len;
+                    }
+                    due_first = Some(due_first.map_or(due, |d| d.min(due)));
+                    continue;
+                }
+                // Holding pays while passes before the batch is due add to it: each would have
+                // woken the receiver with a batch of its own. What the pass at the due time
+                // adds does not count: that pass is the wake-up holding cost this executor.
+                p.holding = p.grew >= KEEP_PACING_MERGES;
+                p.window = (now, 1);
+            } else if now.saturating_duration_since(p.window.0) < interval {
+                p.window.1 += 1;
+                p.holding = p.window.1 >= PACE_AFTER;
             } else {
-                due_first = Some(due_first.map_or(due, |d| d.min(due)));
+                p.window = (now, 1);
             }
+            p.last = Some(now);
+            p.seen = 0;
+            p.grew = 0;
+            self.flush_dest(dest);
         }
         due_first
     }
@@ -712,12 +767,12 @@ mod tests {
         }
     }
 
-    /// Paced, a destination gets at most one partial batch per flush interval: the first goes
-    /// at once (a trickle is not held back), the next waits until the interval has passed
-    /// and then carries everything sent since; a full batch goes at once; other destinations
-    /// keep their own pace.
+    /// Partial batches go at once until a destination gets [`PACE_AFTER`] within one
+    /// interval; then one per interval, carrying everything sent since, while passes before
+    /// the due time add to the held batch; a held batch that only its due pass added to ends
+    /// pacing. Full batches go at once; each destination has its own pace.
     #[test]
-    fn paced_partial_batches_go_at_most_once_per_interval_per_destination() {
+    fn partial_batches_are_paced_while_holding_them_merges_passes() {
         use cluster_state::ids::ExecutorId;
 
         let (tx_a, rx_a) = crate::queue::unbounded();
@@ -742,45 +797,50 @@ mod tests {
             |task: u32, root: u64| Envelope::Ack { task: TaskId(task), msg: AckMsg::Ack { root, val: 1 } };
         let lens =
             |rx: &crate::queue::QueueReceiver<Batch>| rx.try_iter().map(|b| b.len()).collect::<Vec<_>>();
+        let ms = |n: u64| Duration::from_millis(n);
         let t0 = Instant::now();
 
-        em.send(ack(5, 1));
-        assert_eq!(em.pace(t0), None, "nothing is held back");
-        assert_eq!(lens(&rx_a), [1], "the first partial batch goes at once");
+        // Three partial batches within one interval go at once; the third starts pacing.
+        for (i, at) in [0, 1, 2].into_iter().enumerate() {
+            em.send(ack(5, i as u64));
+            assert_eq!(em.pace(t0 + ms(at)), None, "nothing held back yet");
+        }
+        assert_eq!(lens(&rx_a), [1, 1, 1]);
 
-        em.send(ack(5, 2));
-        em.send(ack(6, 3));
-        em.send(ack(7, 4));
-        assert_eq!(
-            em.pace(t0 + Duration::from_millis(10)),
-            Some(t0 + interval),
-            "due one interval after the last"
-        );
+        // Paced: held until one interval after the last, while other destinations go at once.
+        em.send(ack(5, 10));
+        em.send(ack(7, 11));
+        assert_eq!(em.pace(t0 + ms(3)), Some(t0 + ms(52)));
         assert_eq!(lens(&rx_a), Vec::<usize>::new(), "held back within the interval");
         assert_eq!(lens(&rx_b), [1], "another destination has its own pace");
-
-        em.send(ack(6, 5));
-        assert_eq!(em.pace(t0 + Duration::from_millis(49)), Some(t0 + interval));
-        assert_eq!(lens(&rx_a), Vec::<usize>::new());
-        assert_eq!(em.pace(t0 + interval), None);
+        // A pass adds to the held batch before it is due: holding merged something.
+        em.send(ack(6, 12));
+        assert_eq!(em.pace(t0 + ms(10)), Some(t0 + ms(52)));
+        em.send(ack(6, 13));
+        assert_eq!(em.pace(t0 + ms(52)), None);
         assert_eq!(lens(&rx_a), [3], "everything held back goes in one batch when due");
 
-        // A full batch (4) goes at once, whatever the pace.
-        for root in 10..14 {
+        // Still paced; a full batch (4) goes at once whatever the pace.
+        for root in 20..24 {
             em.send(ack(5, root));
         }
         assert_eq!(lens(&rx_a), [4]);
-        // ... and does not count as a partial one: the next partial is still paced by the last.
-        em.send(ack(5, 20));
-        let due = t0 + interval + interval;
-        assert_eq!(em.pace(t0 + interval + Duration::from_millis(1)), Some(due));
-        assert_eq!(em.pace(due), None);
+        em.send(ack(5, 30));
+        assert_eq!(em.pace(t0 + ms(53)), Some(t0 + ms(102)));
+        // Only the due pass adds: holding merged nothing, and pacing ends ...
+        em.send(ack(5, 31));
+        assert_eq!(em.pace(t0 + ms(102)), None);
+        assert_eq!(lens(&rx_a), [2]);
+        // ... so the next partial batch goes at once.
+        em.send(ack(5, 40));
+        assert_eq!(em.pace(t0 + ms(103)), None);
         assert_eq!(lens(&rx_a), [1]);
 
         // `flush` hands over everything at once.
-        em.send(ack(5, 30));
+        em.send(ack(5, 50));
+        em.send(ack(5, 51));
         em.flush();
-        assert_eq!(lens(&rx_a), [1]);
+        assert_eq!(lens(&rx_a), [2]);
     }
 
     /// A bolt acking the inputs of one tree one after another sends one `Ack` carrying their
