@@ -78,20 +78,19 @@ fn context(runs: &[Run]) -> String {
     format!("other_cpu_s<={other:.2} load<={load:.2}{kdamond}")
 }
 
+/// The environment variable `name` as a `T`, else `default`.
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 /// `BATCH=<n>`, or the default `topology.producer.batch.size`.
 fn batch_size() -> u32 {
-    std::env::var("BATCH")
-        .ok()
-        .and_then(|b| b.parse().ok())
-        .unwrap_or(TopologyConfig::default().producer_batch_size)
+    env_or("BATCH", TopologyConfig::default().producer_batch_size)
 }
 
 /// `FLUSH_US=<n>`, or the default `squall.batch.flush.interval.us`.
 fn flush_us() -> u64 {
-    std::env::var("FLUSH_US")
-        .ok()
-        .and_then(|b| b.parse().ok())
-        .unwrap_or(TopologyConfig::default().batch_flush_interval_us)
+    env_or("FLUSH_US", TopologyConfig::default().batch_flush_interval_us)
 }
 
 fn topology(acking: bool, count: Option<u64>, rate: Option<f64>) -> worker::Topology {

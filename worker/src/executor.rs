@@ -650,10 +650,7 @@ fn run_bolt(
     loop {
         // The clock is read only when tick tuples are on or a batch is held back (5% of a busy
         // bolt's CPU otherwise).
-        let wake_at = match (next_tick, flush_at) {
-            (Some(t), Some(f)) => Some(t.min(f)),
-            (t, f) => t.or(f),
-        };
+        let wake_at = next_tick.into_iter().chain(flush_at).min();
         let timeout =
             wake_at.map_or(IDLE_POLL, |t| t.saturating_duration_since(Instant::now()).min(IDLE_POLL));
         let received = if wakers.is_empty() {
