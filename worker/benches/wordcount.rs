@@ -7,7 +7,10 @@
 //! printed. Every figure line ends with what other processes burnt meanwhile (`other_cpu_s`,
 //! the largest of the runs), the largest load average and, where the kernel runs a DAMON
 //! monitor, the CPU milliseconds its `kdamond` thread took (`kdamond_ms`: each of its 1-4 ms
-//! bursts holds a core, which shows in the latency tail). Not a timed test.
+//! bursts holds a core, which shows in the latency tail). A latency run's line adds what a
+//! jHiccup-style probe thread saw (`measure::HiccupProbe`: how late a thread sleeping to 1 ms
+//! deadlines woke, and how much of that it sat in the run queue; its CPU is not counted). Not
+//! a timed test.
 //!
 //! Then the same with two worker processes (this binary re-executed as children, connected
 //! over loopback TCP): spout, split and acker in one, count in the other, so every word crosses
@@ -32,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use cluster_state::ids::{SupervisorId, TopologyId, TopologyName, WorkerSlot};
 use cluster_state::znode::{Assignment, ExecutorAssignment};
-use test_harness::measure::{self, Window, median};
+use test_harness::measure::{self, HiccupProbe, Window, median};
 use worker::builtin::{
     SENTENCE_COUNT, SentenceParams, SentenceSpout, SplitSentence, WordCount, WordCountParams,
     reference_corpus,
@@ -61,11 +64,23 @@ struct Run {
     p999_us: u64,
     /// What other processes burnt during the run, and the load average at its end.
     measured: measure::Measured,
+    /// How late a 1 kHz probe thread woke meanwhile (latency runs).
+    hiccups: Option<measure::Hiccups>,
 }
 
 impl Run {
     fn new(secs: f64, cpu: f64, sentences: u64, words: u64, context: &measure::Measured) -> Run {
-        Run { secs, cpu, sentences, words, p50_us: 0, p99_us: 0, p999_us: 0, measured: *context }
+        Run {
+            secs,
+            cpu,
+            sentences,
+            words,
+            p50_us: 0,
+            p99_us: 0,
+            p999_us: 0,
+            measured: *context,
+            hiccups: None,
+        }
     }
 }
 
@@ -193,14 +208,19 @@ fn latency_run(rate: f64, secs: u64) -> Option<Run> {
     let spout = cluster.runtime().component_stats("sentences");
     spout.iter().for_each(|s| s.reset_complete_histogram());
     let window = Window::start(&[]);
+    let probe = HiccupProbe::start();
     let (c0, t0) = (cpu_secs(), Instant::now());
     let a0: u64 = spout.iter().map(|s| s.acked.load(Ordering::Relaxed)).sum();
     std::thread::sleep(Duration::from_secs(secs));
     let a1: u64 = spout.iter().map(|s| s.acked.load(Ordering::Relaxed)).sum();
+    let hiccups = probe.finish();
     let stats = spout.first()?;
     let (p50, p99, _) = stats.complete_percentiles_us();
-    let mut run = Run::new(t0.elapsed().as_secs_f64(), cpu_secs() - c0, a1 - a0, 0, &window.finish());
+    // The probe's own CPU is not the topology's.
+    let cpu = cpu_secs() - c0 - hiccups.cpu.as_secs_f64();
+    let mut run = Run::new(t0.elapsed().as_secs_f64(), cpu, a1 - a0, 0, &window.finish());
     (run.p50_us, run.p99_us, run.p999_us) = (p50, p99, stats.complete_quantile_us(0.999));
+    run.hiccups = Some(hiccups);
     cluster.shutdown(Duration::from_secs(5));
     Some(run)
 }
@@ -436,11 +456,12 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
         let runs: Vec<Run> = (0..6).filter_map(|_| latency_run(rate, 3)).collect();
         for (i, r) in runs.iter().enumerate() {
             println!(
-                "  half load run {i}: p50 {} us, p99 {} us, p99.9 {} us ({})",
+                "  half load run {i}: p50 {} us, p99 {} us, p99.9 {} us ({}{})",
                 r.p50_us,
                 r.p99_us,
                 r.p999_us,
-                r.measured.context()
+                r.measured.context(),
+                r.hiccups.map_or(String::new(), |h| format!(" {}", h.context()))
             );
         }
         let p50 = median(runs.iter().map(|r| r.p50_us as f64).collect());
