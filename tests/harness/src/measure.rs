@@ -36,12 +36,11 @@ pub fn process_cpu() -> Duration {
 /// not counted: read it while the process's workers still run.
 pub fn threads_cpu(pid: u32) -> Duration {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Duration::ZERO };
-    let nanos: u64 = tasks
+    tasks
         .flatten()
         .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()))
-        .sum();
-    Duration::from_nanos(nanos)
+        .map(|s| schedstat_field(&s, 0))
+        .sum()
 }
 
 /// User + system CPU of process `pid` from `/proc/<pid>/stat`, in clock ticks turned into
@@ -80,8 +79,7 @@ pub fn kdamond_cpu() -> Option<Duration> {
         let pid = std::fs::read_to_string(monitor.path().join("pid")).ok();
         let Some(pid) = pid.and_then(|p| p.trim().parse::<u32>().ok()) else { continue };
         let stat = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).unwrap_or_default();
-        let nanos = stat.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        total = Some(total.unwrap_or(Duration::ZERO) + Duration::from_nanos(nanos));
+        total = Some(total.unwrap_or(Duration::ZERO) + schedstat_field(&stat, 0));
     }
     total
 }
@@ -280,13 +278,18 @@ fn queued_time(stat: &std::fs::File) -> Duration {
     let mut buf = [0u8; 96];
     let n = stat.read_at(&mut buf, 0).unwrap_or(0);
     let text = std::str::from_utf8(&buf[..n]).unwrap_or("");
-    Duration::from_nanos(text.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0))
+    schedstat_field(text, 1)
 }
 
 /// The calling thread's time on a CPU (`/proc/thread-self/schedstat`, nanoseconds).
 pub fn thread_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
-    Duration::from_nanos(stat.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0))
+    schedstat_field(&std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default(), 0)
+}
+
+/// Field `i` of a `schedstat` line (0: time on a CPU, 1: time waiting in a run queue; both
+/// nanoseconds); zero when missing.
+fn schedstat_field(text: &str, i: usize) -> Duration {
+    Duration::from_nanos(text.split_whitespace().nth(i).and_then(|v| v.parse().ok()).unwrap_or(0))
 }
 
 /// The median of `values` (the upper one of an even count); 0 for none.
