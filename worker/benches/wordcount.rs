@@ -9,8 +9,11 @@
 //! monitor, the CPU milliseconds its `kdamond` thread took (`kdamond_ms`: each of its 1-4 ms
 //! bursts holds a core, which shows in the latency tail). A latency run's line adds what a
 //! jHiccup-style probe thread saw (`measure::HiccupProbe`: how late a thread sleeping to 1 ms
-//! deadlines woke, and how much of that it sat in the run queue; its CPU is not counted). Not
-//! a timed test.
+//! deadlines woke, and how much of that it sat in the run queue; its CPU is not counted). After
+//! each latency run the same rate goes through `floor` (`wordcount/floor.rs`): the word count's
+//! shape as three bare threads handing each other one sentence at a time, so every invocation
+//! shows beside Squall's tail what this machine allowed such a pipeline in the same minutes
+//! (`SQUALL_BENCH_FLOOR=0` skips it). Not a timed test.
 //!
 //! Then the same with two worker processes (this binary re-executed as children, connected
 //! over loopback TCP): spout, split and acker in one, count in the other, so every word crosses
@@ -21,6 +24,9 @@
 //! 2,000,000);
 //! `BATCH=<n>` overrides `topology.producer.batch.size`, `FLUSH_US=<n>`
 //! `squall.batch.flush.interval.us`.
+
+#[path = "wordcount/floor.rs"]
+mod floor;
 
 // As in the `squall` binary: glibc malloc with frees on other threads (tuples cross executors)
 // costs ~20-40% of throughput here.
@@ -222,6 +228,25 @@ fn latency_run(rate: f64, secs: u64) -> Option<Run> {
     (run.p50_us, run.p99_us, run.p999_us) = (p50, p99, stats.complete_quantile_us(0.999));
     run.hiccups = Some(hiccups);
     cluster.shutdown(Duration::from_secs(5));
+    Some(run)
+}
+
+/// The bare three-thread pipeline of `floor` at `rate`, measured like [`latency_run`]: a second
+/// of warm-up, then `secs` with the hiccup probe beside it.
+fn floor_run(rate: f64, secs: u64) -> Option<Run> {
+    let running = floor::start(rate, Duration::from_secs(1), Duration::from_secs(secs))?;
+    std::thread::sleep(Duration::from_secs(1));
+    let window = Window::start(&[]);
+    let probe = HiccupProbe::start();
+    let c0 = cpu_secs();
+    std::thread::sleep(Duration::from_secs(secs));
+    let hiccups = probe.finish();
+    let cpu = cpu_secs() - c0 - hiccups.cpu.as_secs_f64();
+    let measured = window.finish();
+    let f = running.finish()?;
+    let mut run = Run::new(f.secs, cpu, f.sentences, 0, &measured);
+    (run.p50_us, run.p99_us, run.p999_us) = (f.p50_us, f.p99_us, f.p999_us);
+    run.hiccups = Some(hiccups);
     Some(run)
 }
 
@@ -452,29 +477,62 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
     }
     if (max_rate > 0.0 || fixed_rate.is_some()) && part("latency") {
         let rate = fixed_rate.unwrap_or(max_rate / 2.0);
-        // Six runs, each printed: the goal is a p99 under 1 ms in every one of them.
-        let runs: Vec<Run> = (0..6).filter_map(|_| latency_run(rate, 3)).collect();
+        // Six runs, each printed: the goal is a p99 under 1 ms in every one of them. Each is
+        // followed by the same rate through the bare pipeline of `floor` (unless
+        // `SQUALL_BENCH_FLOOR=0`): what the machine allows a three-thread pipeline then.
+        let with_floor = env_or("SQUALL_BENCH_FLOOR", 1) != 0;
+        let mut runs = Vec::new();
+        let mut floors = Vec::new();
+        for _ in 0..6 {
+            runs.extend(latency_run(rate, 3));
+            if with_floor {
+                floors.extend(floor_run(rate, 3));
+            }
+        }
         for (i, r) in runs.iter().enumerate() {
+            println!("  half load run {i}: {}", latency_line(r));
+        }
+        println!(
+            "half load (acking on, target {rate:.0} sentences/s, got {:.0}): complete latency {}",
+            median(runs.iter().map(|r| r.sentences as f64 / r.secs).collect()),
+            latency_summary(&runs)
+        );
+        for (i, r) in floors.iter().enumerate() {
+            println!("  floor run {i}: {}", latency_line(r));
+        }
+        if !floors.is_empty() {
             println!(
-                "  half load run {i}: p50 {} us, p99 {} us, p99.9 {} us ({}{})",
-                r.p50_us,
-                r.p99_us,
-                r.p999_us,
-                r.measured.context(),
-                r.hiccups.map_or(String::new(), |h| format!(" {}", h.context()))
+                "floor (bare three-thread pipeline, no Squall, same rate, after each run above, got {:.0}): latency {}",
+                median(floors.iter().map(|r| r.sentences as f64 / r.secs).collect()),
+                latency_summary(&floors)
             );
         }
-        let p50 = median(runs.iter().map(|r| r.p50_us as f64).collect());
-        let p99 = median(runs.iter().map(|r| r.p99_us as f64).collect());
-        let p999 = median(runs.iter().map(|r| r.p999_us as f64).collect());
-        let under = runs.iter().filter(|r| r.p99_us <= 1000).count();
-        let got = median(runs.iter().map(|r| r.sentences as f64 / r.secs).collect());
-        let spc = median(runs.iter().map(|r| r.sentences as f64 / r.cpu.max(1e-9)).collect());
-        println!(
-            "half load (acking on, target {rate:.0} sentences/s, got {got:.0}): complete latency median p50 {p50:.0} us, p99 {p99:.0} us, p99.9 {p999:.0} us; p99 <= 1 ms in {under} of {} runs; {spc:.0} sentences/CPU-s",
-            runs.len()
-        );
     }
+}
+
+/// One latency run's figures and what the machine did meanwhile.
+fn latency_line(r: &Run) -> String {
+    format!(
+        "p50 {} us, p99 {} us, p99.9 {} us ({}{})",
+        r.p50_us,
+        r.p99_us,
+        r.p999_us,
+        r.measured.context(),
+        r.hiccups.map_or(String::new(), |h| format!(" {}", h.context()))
+    )
+}
+
+/// Medians of the latency runs, how many met the goal, and the CPU per sentence.
+fn latency_summary(runs: &[Run]) -> String {
+    let p50 = median(runs.iter().map(|r| r.p50_us as f64).collect());
+    let p99 = median(runs.iter().map(|r| r.p99_us as f64).collect());
+    let p999 = median(runs.iter().map(|r| r.p999_us as f64).collect());
+    let under = runs.iter().filter(|r| r.p99_us <= 1000).count();
+    let spc = median(runs.iter().map(|r| r.sentences as f64 / r.cpu.max(1e-9)).collect());
+    format!(
+        "median p50 {p50:.0} us, p99 {p99:.0} us, p99.9 {p999:.0} us; p99 <= 1 ms in {under} of {} runs; {spc:.0} sentences/CPU-s",
+        runs.len()
+    )
 }
 
 fn two_processes(items: u64) {
