@@ -7,17 +7,15 @@
 //! sees it, with nothing of Squall in between (no tuples, batches, acker or routing). Each
 //! hand-over parks its receiver at once when there is nothing for it, as Squall's queues do,
 //! so the floor does not buy its latency with spinning cores (with crossbeam's spinning
-//! receive it measured the same tail at 0.7x the sentences per CPU-second). A sentence crosses
+//! receive it measured no better a tail, at 0.7x the sentences per CPU-second). A sentence crosses
 //! three threads on two cores as in Squall and meets the same host: where the floor keeps a
 //! latency goal that Squall misses in the same invocation, the difference is Squall's (how
 //! long each thread works on a sentence, how sentences are grouped on the way), not the
 //! machine's.
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
-
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use worker::builtin::reference_corpus;
 
@@ -116,7 +114,6 @@ impl Running {
 /// sent in the last `secs` (acked before the end). `None` if a thread could not start.
 pub fn start(rate: f64, warm: Duration, secs: Duration) -> Option<Running> {
     let corpus = reference_corpus();
-
     // The pipeline's threads wait until their sender is gone.
     let forever = Instant::now() + Duration::from_secs(24 * 3600);
     let (to_split, split_in) = hand::<(usize, Instant)>();
