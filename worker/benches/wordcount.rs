@@ -213,20 +213,10 @@ fn latency_run(rate: f64, secs: u64) -> Option<Run> {
     std::thread::sleep(Duration::from_secs(1));
     let spout = cluster.runtime().component_stats("sentences");
     spout.iter().for_each(|s| s.reset_complete_histogram());
-    let window = Window::start(&[]);
-    let probe = HiccupProbe::start();
-    let (c0, t0) = (cpu_secs(), Instant::now());
-    let a0: u64 = spout.iter().map(|s| s.acked.load(Ordering::Relaxed)).sum();
-    std::thread::sleep(Duration::from_secs(secs));
-    let a1: u64 = spout.iter().map(|s| s.acked.load(Ordering::Relaxed)).sum();
-    let hiccups = probe.finish();
+    let mut run = probed_window(secs, || spout.iter().map(|s| s.acked.load(Ordering::Relaxed)).sum());
     let stats = spout.first()?;
     let (p50, p99, _) = stats.complete_percentiles_us();
-    // The probe's own CPU is not the topology's.
-    let cpu = cpu_secs() - c0 - hiccups.cpu.as_secs_f64();
-    let mut run = Run::new(t0.elapsed().as_secs_f64(), cpu, a1 - a0, 0, &window.finish());
     (run.p50_us, run.p99_us, run.p999_us) = (p50, p99, stats.complete_quantile_us(0.999));
-    run.hiccups = Some(hiccups);
     cluster.shutdown(Duration::from_secs(5));
     Some(run)
 }
@@ -236,18 +226,28 @@ fn latency_run(rate: f64, secs: u64) -> Option<Run> {
 fn floor_run(rate: f64, secs: u64) -> Option<Run> {
     let running = floor::start(rate, Duration::from_secs(1), Duration::from_secs(secs))?;
     std::thread::sleep(Duration::from_secs(1));
+    // The floor counts its own sentences (those sent in the window and acked by its end).
+    let mut run = probed_window(secs, || 0);
+    let f = running.finish()?;
+    run.sentences = f.sentences;
+    (run.p50_us, run.p99_us, run.p999_us) = (f.p50_us, f.p99_us, f.p999_us);
+    Some(run)
+}
+
+/// A measured window of `secs` over a run that is warm: wall time, this process's CPU without
+/// the hiccup probe's own, how much `counted` grew (the run's sentences), what the rest of the
+/// machine did and what the probe saw.
+fn probed_window(secs: u64, counted: impl Fn() -> u64) -> Run {
     let window = Window::start(&[]);
     let probe = HiccupProbe::start();
-    let c0 = cpu_secs();
+    let (c0, t0, n0) = (cpu_secs(), Instant::now(), counted());
     std::thread::sleep(Duration::from_secs(secs));
+    let n1 = counted();
     let hiccups = probe.finish();
     let cpu = cpu_secs() - c0 - hiccups.cpu.as_secs_f64();
-    let measured = window.finish();
-    let f = running.finish()?;
-    let mut run = Run::new(f.secs, cpu, f.sentences, 0, &measured);
-    (run.p50_us, run.p99_us, run.p999_us) = (f.p50_us, f.p99_us, f.p999_us);
+    let mut run = Run::new(t0.elapsed().as_secs_f64(), cpu, n1.saturating_sub(n0), 0, &window.finish());
     run.hiccups = Some(hiccups);
-    Some(run)
+    run
 }
 
 /// Child mode: `--child <a|b> <port a> <port b> <items> <acking 0|1> <wc|hop> <plain|tls>`.

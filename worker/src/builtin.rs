@@ -52,8 +52,8 @@ pub const SENTENCE_COUNT: usize = 1024;
 const LCG_A: u64 = 6364136223846793005;
 const LCG_C: u64 = 1442695040888963407;
 const MAX_SENTENCE_BYTES: usize = 100;
-/// The most a rate-limited generator emits at once after a pause.
-const MAX_BURST: std::time::Duration = std::time::Duration::from_millis(2);
+/// The most a rate-limited generator emits at once after a pause (a token bucket this deep).
+pub const MAX_BURST: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Reference sentence `k` (BENCHMARKS.md): a 64-bit LCG seeded with `k` picks words until the
 /// next one would take the sentence past 100 bytes.

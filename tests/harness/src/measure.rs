@@ -9,6 +9,8 @@
 //! println!("{:.2} s, {:.3} CPU-s, {}", m.secs, m.cpu_s, m.context());
 //! ```
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// User + system CPU time of this process, every thread that ever ran included
@@ -218,18 +220,17 @@ impl Hiccups {
 /// wake-ups a second (well under 1% of a core).
 #[derive(Debug)]
 pub struct HiccupProbe {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: Arc<AtomicBool>,
     /// Wake-ups so far, as the thread counts them.
-    wakes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    wakes: Arc<AtomicU64>,
     thread: Option<std::thread::JoinHandle<Hiccups>>,
 }
 
 impl HiccupProbe {
     /// Starts the probe thread.
     pub fn start() -> HiccupProbe {
-        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let wakes = std::sync::Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let wakes = Arc::new(AtomicU64::new(0));
         let (flag, woke) = (stop.clone(), wakes.clone());
         let thread = std::thread::Builder::new()
             .name("hiccup-probe".into())
@@ -261,12 +262,12 @@ impl HiccupProbe {
 
     /// Wake-ups so far.
     pub fn wakes(&self) -> u64 {
-        self.wakes.load(std::sync::atomic::Ordering::Relaxed)
+        self.wakes.load(Ordering::Relaxed)
     }
 
     /// Stops the probe; what it saw (nothing when its thread could not start).
     pub fn finish(mut self) -> Hiccups {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.stop.store(true, Ordering::Relaxed);
         self.thread.take().and_then(|t| t.join().ok()).unwrap_or_default()
     }
 }

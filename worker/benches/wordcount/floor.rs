@@ -17,7 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use worker::builtin::reference_corpus;
+use worker::builtin::{MAX_BURST, reference_corpus};
 
 /// A hand-over between two threads that parks at once, as Squall's queues do (no spinning):
 /// values under a mutex, and a condition variable signalled only when the receiver waits.
@@ -87,16 +87,12 @@ impl<T> Rx<T> {
 
 /// What one run measured.
 pub struct Floor {
-    /// Sentences acked in the measured window, and its length.
+    /// Sentences sent in the measured window and acked by its end.
     pub sentences: u64,
-    pub secs: f64,
     pub p50_us: u64,
     pub p99_us: u64,
     pub p999_us: u64,
 }
-
-/// The most the generator sends at once after it was held off (as the sentence spout's).
-const MAX_BURST: Duration = Duration::from_millis(2);
 
 /// The pipeline, running.
 pub struct Running {
@@ -192,7 +188,6 @@ fn generate(
     };
     Floor {
         sentences: latencies.len() as u64,
-        secs: secs.as_secs_f64(),
         p50_us: at(0.5).copied().map_or(0, u64::from),
         p99_us: at(0.99).copied().map_or(0, u64::from),
         p999_us: at(0.999).copied().map_or(0, u64::from),
