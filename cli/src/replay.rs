@@ -21,7 +21,7 @@ use kafka_spout::KafkaSpoutConfig;
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use crate::offsets::{Connection, ReplayTo, ResetArgs, reset_group};
+use crate::offsets::{Connection, ReplayTo, ResetArgs, ResetError, reset_group};
 use crate::ops::{ClientArgs, explain, resolve, runtime};
 
 /// `squall replay`.
@@ -139,26 +139,57 @@ impl ReplayCommand {
         }
     }
 
-    /// Resets `group` (every topic, or `--topic`; a snapshot resets what it holds).
-    async fn reset(&self, group: &Group, execute: bool) -> Result<(), String> {
+    /// Resets `group` (every topic, or `--topic`; a snapshot resets what it holds), one topic
+    /// at a time, skipping the topics in `done` and adding each one reset to it: a retry after
+    /// a live consumer never resets a topic twice (twice `--shift-by` would shift twice).
+    async fn reset(
+        &self,
+        group: &Group,
+        execute: bool,
+        done: &mut BTreeSet<String>,
+    ) -> Result<(), ResetError> {
         if self.to.from_snapshot.is_some() {
             return reset_group(self.reset_args(group, self.topic.as_deref(), execute)).await;
         }
         let topics: Vec<&str> = match &self.topic {
             Some(t) if group.topics.contains(t) => vec![t.as_str()],
             Some(t) => {
-                return Err(format!(
+                return Err(ResetError::Failed(format!(
                     "group {} does not read topic {t}; its topics: {}",
                     group.group,
                     group.topics.iter().cloned().collect::<Vec<_>>().join(", ")
-                ));
+                )));
             }
-            None => group.topics.iter().map(String::as_str).collect(),
+            None => group.topics.iter().filter(|t| !done.contains(*t)).map(String::as_str).collect(),
         };
         for topic in topics {
             reset_group(self.reset_args(group, Some(topic), execute)).await?;
+            if execute {
+                done.insert(topic.to_owned());
+            }
         }
         Ok(())
+    }
+
+    /// Waits for the group to empty and resets it. A worker still acting on an earlier
+    /// `activate` can join the group after it looked empty; the reset then refuses (its
+    /// member is live, or its owner node fences the write), and this waits again: the
+    /// topology is inactive, so the worker leaves as soon as it sees that.
+    async fn reset_when_empty(&self, group: &Group, done: &mut BTreeSet<String>) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(self.wait);
+        loop {
+            wait_until_empty(self, group, deadline).await?;
+            match self.reset(group, true, done).await {
+                Ok(()) => return Ok(()),
+                Err(ResetError::ConsumerLive(e)) if Instant::now() < deadline => {
+                    println!(
+                        "a consumer joined group {} again before the reset was written ({e}); waiting for it to leave",
+                        group.group
+                    );
+                }
+                Err(e) => return Err(format!("reset: {e}")),
+            }
+        }
     }
 }
 
@@ -204,7 +235,7 @@ pub fn replay(cmd: ReplayCommand) -> Result<(), String> {
             group.topics.iter().cloned().collect::<Vec<_>>().join(", ")
         );
         if cmd.dry_run {
-            cmd.reset(&group, false).await?;
+            cmd.reset(&group, false, &mut BTreeSet::new()).await.map_err(|e| e.to_string())?;
             println!("dry run: the topology was not touched; run without --dry-run to replay");
             return Ok(());
         }
@@ -213,12 +244,13 @@ pub fn replay(cmd: ReplayCommand) -> Result<(), String> {
             "deactivated {}: its spouts drain their tuples in flight, commit and leave the group",
             cmd.name
         );
-        let outcome = async {
-            wait_until_empty(&cmd, &group).await?;
-            cmd.reset(&group, true).await.map_err(|e| format!("reset: {e}"))
-        }
-        .await;
+        let mut done = BTreeSet::new();
+        let outcome = cmd.reset_when_empty(&group, &mut done).await;
         let activated = client.activate(&id).await.map_err(explain);
+        let reset_so_far = match done.is_empty() {
+            true => "nothing was reset".to_owned(),
+            false => format!("only {} was reset", done.iter().cloned().collect::<Vec<_>>().join(", ")),
+        };
         match (outcome, activated) {
             (Ok(()), Ok(_)) => {
                 println!(
@@ -231,7 +263,7 @@ pub fn replay(cmd: ReplayCommand) -> Result<(), String> {
                 "the offsets are reset but activating failed: {e}; run `squall activate {}`",
                 cmd.name
             )),
-            (Err(e), Ok(_)) => Err(format!("{e}; nothing was reset and {} is active again", cmd.name)),
+            (Err(e), Ok(_)) => Err(format!("{e}; {reset_so_far} and {} is active again", cmd.name)),
             (Err(e), Err(again)) => {
                 Err(format!("{e}; activating again failed too ({again}): run `squall activate {}`", cmd.name))
             }
@@ -239,15 +271,15 @@ pub fn replay(cmd: ReplayCommand) -> Result<(), String> {
     })
 }
 
-/// Polls the group's members until there are none, printing who is left every few seconds.
-async fn wait_until_empty(cmd: &ReplayCommand, group: &Group) -> Result<(), String> {
+/// Polls the group's members until there are none (or `deadline`), printing who is left
+/// every few seconds.
+async fn wait_until_empty(cmd: &ReplayCommand, group: &Group, deadline: Instant) -> Result<(), String> {
     let connection = cmd.reset_args(group, None, false).connection;
     let session = crate::offsets::session(&connection).await?;
     let paths = connection.paths()?;
     let admin = consumer_registry::admin::Admin::new(&session, paths);
     let group_id = GroupId::new(group.group.as_str()).map_err(|e| e.to_string())?;
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(cmd.wait);
     let mut next_report = started;
     let result = loop {
         let members = match admin.members(&group_id).await {

@@ -7,7 +7,7 @@
 //! replaced only at the version that was read, so a consumer committing meanwhile makes the
 //! whole write fail instead of half-applying it. Writes are refused while the group has live
 //! members (`/consumers/[group]/ids` not empty): they would overwrite the reset at their next
-//! commit.
+//! commit. The same `multi` also fences partition owners: see [`Admin::write`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -49,6 +49,11 @@ pub enum AdminError {
         "the offsets of group {group} changed while the reset was written ({source}); nothing was changed, run it again"
     )]
     ChangedMeanwhile { group: GroupId, source: coord::Error },
+    #[error(
+        "a consumer of group {group} claimed {} partition {} while the reset was written; nothing was changed: stop the group's consumers (squall deactivate), then run it again",
+        tp.topic, tp.partition
+    )]
+    ClaimedMeanwhile { group: GroupId, tp: TopicPartition },
     #[error("{0}")]
     Invalid(String),
     #[error(transparent)]
@@ -64,6 +69,12 @@ impl AdminError {
             AdminError::Coord(e) => e.is_retryable(),
             _ => false,
         }
+    }
+
+    /// Whether a consumer of the group was live (registered, or owning a partition) when the
+    /// write was tried: nothing was written, and once it is gone the same write can succeed.
+    pub fn is_consumer_live(&self) -> bool {
+        matches!(self, AdminError::LiveMembers { .. } | AdminError::ClaimedMeanwhile { .. })
     }
 }
 
@@ -277,9 +288,14 @@ impl<'a> Admin<'a> {
     ///
     /// ZooKeeper cannot make "`/ids` has no children" part of a `multi` (a check op compares
     /// a node's data version, which new children do not change), so a consumer could register
-    /// between the membership check and the write and later commit over the reset. The
-    /// members are read again after the write and returned: normally empty, otherwise the
-    /// caller warns that the reset may be overwritten.
+    /// between the membership check and the write. What matters is that it cannot read the
+    /// old offsets and commit over the reset, and that the `multi` does fence: for every
+    /// partition it creates the owner node and deletes it again. A consumer that claimed the
+    /// partition first makes the create fail ([`AdminError::ClaimedMeanwhile`], nothing
+    /// written); one that claims it afterwards reads the reset offset, as a Squall member reads
+    /// a partition's offset only once its owner node is created. (Kafka's own 0.8 consumer
+    /// reads before it claims, so for it the fence is narrower.) The members are read again
+    /// after the write and returned: normally empty, otherwise the caller warns.
     pub async fn write(
         &self,
         group: &GroupId,
@@ -293,8 +309,15 @@ impl<'a> Admin<'a> {
         // Parents first (creating a directory is harmless if the transaction then fails).
         for row in plan {
             self.session.ensure_path(&self.paths.offsets_topic(group, &row.tp.topic)).await?;
+            self.session.ensure_path(&self.paths.owners_topic(group, &row.tp.topic)).await?;
         }
+        // The owner fence first: op 2i creates row i's owner node, 2i + 1 deletes it.
         let mut ops = Vec::new();
+        for row in plan {
+            let path = self.paths.owner(group, &row.tp.topic, row.tp.partition);
+            ops.push(Op::Create { path: path.clone(), data: Vec::new(), mode: CreateMode::Ephemeral });
+            ops.push(Op::Delete { path, version: None });
+        }
         for row in plan {
             let path = self.paths.offset(group, &row.tp.topic, row.tp.partition);
             let data = OffsetData::new(row.target).map_err(|e| AdminError::Invalid(e.to_string()))?.encode();
@@ -304,6 +327,11 @@ impl<'a> Admin<'a> {
             }
         }
         self.session.multi(&ops).await.map_err(|e| match e {
+            coord::Error::MultiFailed { index, source }
+                if index < 2 * plan.len() && matches!(*source, coord::Error::NodeExists { .. }) =>
+            {
+                AdminError::ClaimedMeanwhile { group: group.clone(), tp: plan[index / 2].tp.clone() }
+            }
             e @ coord::Error::MultiFailed { .. } => {
                 AdminError::ChangedMeanwhile { group: group.clone(), source: e }
             }

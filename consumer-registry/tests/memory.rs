@@ -276,3 +276,77 @@ async fn without_an_id_a_member_registers_kafkas_default_consumer_id() {
     assert_eq!(threads, [format!("{id}-0"), format!("{id}-1")]);
     member.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_is_fenced_by_partition_owners_in_memory() {
+    let ensemble = Ensemble::Memory(MemoryEnsemble::new());
+    let session = ensemble.connect(&session_options()).await.unwrap();
+    a_reset_is_fenced_by_partition_owners(&session).await;
+}
+
+/// Connection flaps while the caller is not reading: once its event queue is full, the
+/// member waits to hand over the `Paused` of the next disconnect, and the reconnect meanwhile
+/// must not make it drop that event. The caller then reads every `Paused` before its
+/// `Resumed`, none lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_behind_on_its_events_loses_no_pause_or_resume() {
+    use consumer_registry::MemberEvent;
+    let memory = MemoryEnsemble::new();
+    let ensemble = Ensemble::Memory(memory.clone());
+    let admin = ensemble.connect(&session_options()).await.unwrap();
+    let mut group = Group::new(ensemble, config(), BTreeMap::from([(topic("clicks"), 1)]));
+    group.register_topic(&admin, "clicks", 2).await;
+    let (_, spec) = group.spec(None);
+    let (member, handle, mut events) =
+        consumer_registry::Member::new(spec, config(), group.metrics.clone()).unwrap();
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(member.run(cancel.clone()));
+    eventually(DEADLINE, "the member to own both partitions", || async {
+        (handle.ownership().partitions.len() == 2).then_some(())
+    })
+    .await;
+    let session = handle.ownership().session.unwrap();
+    // 40 flaps would put 80 events behind the Assigned, more than the queue holds (64), and
+    // nobody reads: the member ends up waiting to hand one over, and then sees no flap.
+    const FLAPS: usize = 40;
+    let within = |paused: bool| {
+        let handle = handle.clone();
+        tokio::time::timeout(Duration::from_millis(300), async move {
+            while handle.ownership().paused != paused {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    let mut observed = 0;
+    for _ in 0..FLAPS {
+        memory.disconnect(session);
+        let paused = within(true).await.is_ok();
+        memory.reconnect(session);
+        if !paused {
+            break;
+        }
+        observed += 1;
+        if within(false).await.is_err() {
+            break;
+        }
+    }
+    assert!((31..FLAPS).contains(&observed), "the queue filled after {observed} flaps");
+    let mut seen = Vec::new();
+    let read = tokio::time::timeout(DEADLINE, async {
+        while seen.len() < 2 * observed {
+            match events.recv().await {
+                Some(MemberEvent::Paused) => seen.push("Paused"),
+                Some(MemberEvent::Resumed) => seen.push("Resumed"),
+                Some(_) => {}
+                None => break,
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "{} of {} pause and resume events arrived: {seen:?}", seen.len(), 2 * observed);
+    let pairs: Vec<&str> = (0..observed).flat_map(|_| ["Paused", "Resumed"]).collect();
+    assert_eq!(seen, pairs, "every Paused before its Resumed, none lost");
+    assert_eq!(handle.ownership().session, Some(session), "a flap is not an expiry");
+    cancel.cancel();
+    task.await.unwrap().unwrap();
+}

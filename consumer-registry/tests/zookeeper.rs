@@ -239,3 +239,10 @@ async fn offsets_round_trip_and_unchanged_ones_are_not_rewritten() {
     let err = offsets.committed(&p0).await.unwrap_err();
     assert!(matches!(&err, Error::Stopped { .. }), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_is_fenced_by_partition_owners_on_zookeeper() {
+    let (ensemble, _, _) = chroot("reset_fence").await;
+    let session = ensemble.connect(&session_options()).await.unwrap();
+    a_reset_is_fenced_by_partition_owners(&session).await;
+}

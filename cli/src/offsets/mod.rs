@@ -44,7 +44,7 @@ mod time;
 
 use kafka::{Kafka, connection_kafka};
 use reset::reset;
-pub(crate) use reset::reset as reset_group;
+pub(crate) use reset::{ResetError, reset_group};
 use tables::print_plan;
 pub use tables::{DescribeRow, KafkaCell, SnapshotRow, describe_table, diverged, snapshots_table};
 

@@ -48,12 +48,43 @@ impl Target {
     }
 }
 
+/// Why a reset wrote nothing.
+#[derive(Debug)]
+pub(crate) enum ResetError {
+    /// A consumer of the group was live (registered, or claiming a partition while the reset
+    /// was written): once it is gone, the same reset can succeed.
+    ConsumerLive(String),
+    Failed(String),
+}
+
+impl std::fmt::Display for ResetError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ResetError::ConsumerLive(e) | ResetError::Failed(e) => f.write_str(e),
+        }
+    }
+}
+
+impl From<String> for ResetError {
+    fn from(e: String) -> ResetError {
+        ResetError::Failed(e)
+    }
+}
+
+/// `squall offsets reset`.
 pub(crate) async fn reset(args: ResetArgs) -> Result<(), String> {
+    reset_group(args).await.map_err(|e| e.to_string())
+}
+
+/// A reset of one group, telling a live consumer apart (`squall replay` waits for it to go).
+pub(crate) async fn reset_group(args: ResetArgs) -> Result<(), ResetError> {
     let group = group_id(&args.group)?;
     let topic = args.topic.as_deref().map(topic_of).transpose()?;
     let target = Target::from_args(&args, &group)?;
     if topic.is_none() && !matches!(target, Target::File(_) | Target::Snapshot(_)) {
-        return Err("--topic is required (except with --from-file or --from-snapshot)".into());
+        return Err(ResetError::Failed(
+            "--topic is required (except with --from-file or --from-snapshot)".into(),
+        ));
     }
     let kafka = connection_kafka(&args.connection)?;
     let session = session(&args.connection).await?;
@@ -69,7 +100,7 @@ pub(super) async fn reset_with(
     target: Target,
     kafka: &Kafka,
     session: &cluster_state::coord::Session,
-) -> Result<(), String> {
+) -> Result<(), ResetError> {
     let admin = Admin::new(session, args.connection.paths()?);
     let read = admin.read(group, topic).await.map_err(|e| e.to_string())?;
     // A datetime needs the partitions before it can be looked up; everything else is known.
@@ -82,14 +113,16 @@ pub(super) async fn reset_with(
             offsets.retain(|tp, _| topic.is_none_or(|t| &tp.topic == t));
             if offsets.is_empty() {
                 let file = args.from_file.as_deref().map(|f| f.display().to_string()).unwrap_or_default();
-                return Err(format!("{file} has no offsets{}: nothing to reset", for_topic(topic)));
+                return Err(format!("{file} has no offsets{}: nothing to reset", for_topic(topic)).into());
             }
             Resolved::Known(ResetTo::Given(offsets))
         }
         Target::Snapshot(name) => {
             let offsets = admin.read_snapshot(group, &name, topic).await.map_err(|e| e.to_string())?;
             if offsets.is_empty() {
-                return Err(format!("snapshot {name} has no offsets{}: nothing to reset", for_topic(topic)));
+                return Err(
+                    format!("snapshot {name} has no offsets{}: nothing to reset", for_topic(topic)).into()
+                );
             }
             Resolved::Known(ResetTo::Given(offsets))
         }
@@ -137,7 +170,10 @@ pub(super) async fn reset_with(
         println!("dry run: nothing was written; add --execute to apply");
         return Ok(());
     }
-    let joined = admin.write(group, &read, &rows).await.map_err(|e| e.to_string())?;
+    let joined = admin.write(group, &read, &rows).await.map_err(|e| match e.is_consumer_live() {
+        true => ResetError::ConsumerLive(e.to_string()),
+        false => ResetError::Failed(e.to_string()),
+    })?;
     if storage.uses_kafka() {
         // Both stores, whatever the storage: with `dual` the larger would win, and ZooKeeper
         // kept current under `kafka` is what a move back to `zookeeper` or `dual` starts from.

@@ -122,8 +122,36 @@ impl Drop for Cluster {
                     }
                 }
             }
+            for path in log_files(self.root.path()).into_iter().filter(|p| p.ends_with("worker.log")) {
+                let Ok(text) = std::fs::read_to_string(&path) else { continue };
+                let tail: Vec<&str> =
+                    text.lines().filter(|l| !l.contains(" DEBUG ")).rev().take(30).collect();
+                eprintln!(
+                    "--- {} (last lines) ---",
+                    path.strip_prefix(self.root.path()).unwrap_or(&path).display()
+                );
+                for line in tail.into_iter().rev() {
+                    eprintln!("{line}");
+                }
+            }
         }
     }
+}
+
+/// Every `*.log` file under `dir`, sorted.
+pub fn log_files(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return found };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(log_files(&path));
+        } else if path.extension().is_some_and(|e| e == "log") {
+            found.push(path);
+        }
+    }
+    found.sort();
+    found
 }
 
 /// Copies every `*.log` file under `from` to `to`, keeping the relative paths.

@@ -438,15 +438,9 @@ impl Member {
         cancel: Option<&CancellationToken>,
         view_changes: bool,
     ) -> std::result::Result<Waited<T>, Halt> {
-        let cancelled = async {
-            match cancel {
-                Some(cancel) => cancel.cancelled().await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             biased;
-            () = cancelled => Err(Halt::Cancelled),
+            () = cancelled(cancel) => Err(Halt::Cancelled),
             Some(event) = next_state(&mut self.states) => {
                 self.pending_state = Some(event);
                 Err(Halt::Session)
@@ -463,14 +457,23 @@ impl Member {
         }
     }
 
+    /// Hands `event` to the caller. Only cancellation interrupts it, never a session event (a
+    /// state change stays queued in `states` meanwhile): the event reports what already
+    /// happened, and one dropped would leave the caller behind the member for good (a lost
+    /// `Paused` before its `Resumed`, or a lost `Assigned`: a partition owned and never
+    /// consumed). The caller reads promptly, and the channel holds `EVENT_CAPACITY` events.
     async fn send(
         &mut self,
         event: MemberEvent,
         cancel: Option<&CancellationToken>,
     ) -> std::result::Result<(), Halt> {
         let events = self.events.clone();
-        // A caller that dropped its receiver does not care; keep the group's bookkeeping going.
-        self.wait(async move { events.send(event).await.ok() }, cancel, false).await.map(|_| ())
+        tokio::select! {
+            biased;
+            () = cancelled(cancel) => Err(Halt::Cancelled),
+            // A caller that dropped its receiver does not care; keep the group's bookkeeping going.
+            _ = events.send(event) => Ok(()),
+        }
     }
 
     fn publish(&mut self) {
@@ -527,6 +530,14 @@ impl Drop for Member {
 async fn next_state(states: &mut Option<StateChanges>) -> Option<SessionEvent> {
     match states {
         Some(states) => states.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Fires when `cancel` does; never without one.
+async fn cancelled(cancel: Option<&CancellationToken>) {
+    match cancel {
+        Some(cancel) => cancel.cancelled().await,
         None => std::future::pending().await,
     }
 }

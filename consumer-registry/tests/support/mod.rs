@@ -440,3 +440,65 @@ pub fn session_options() -> SessionOptions {
         detached: false,
     }
 }
+
+/// Conformance, on each backend: a reset written while a consumer owns a partition but is not
+/// (or no longer) under `/ids` (it registered after the membership check) is refused by the
+/// owner fence in the same `multi`, naming the partition, and changes nothing; once the owner
+/// is gone the same plan is written and leaves no owner node behind.
+pub async fn a_reset_is_fenced_by_partition_owners(session: &Session) {
+    use cluster_state::coord::CreateMode;
+    use consumer_registry::admin::{Admin, AdminError, ResetTo, plan};
+    let paths = KafkaPaths::new(None).unwrap();
+    let group = GroupId::new("fenced").unwrap();
+    let clicks = topic("clicks");
+    let (p0, p1) = (Partition::new(0).unwrap(), Partition::new(1).unwrap());
+    session.ensure_path(&paths.ids_dir(&group)).await.unwrap();
+    session.ensure_path(&paths.offsets_topic(&group, &clicks)).await.unwrap();
+    session.create(&paths.offset(&group, &clicks, p0), b"40", CreateMode::Persistent).await.unwrap();
+    let admin = Admin::new(session, paths.clone());
+    let reset = |read: &BTreeMap<TopicPartition, consumer_registry::admin::PartitionState>| {
+        let current = read.iter().map(|(tp, s)| (tp.clone(), s.committed.map(|(o, _)| o))).collect();
+        let ranges = BTreeMap::from([(tp("clicks", 0), (10, 100)), (tp("clicks", 1), (0, 50))]);
+        plan(&current, &ranges, &ResetTo::Earliest).unwrap()
+    };
+
+    // A consumer claimed partition 1 after the membership check (no /ids node of its own).
+    session.ensure_path(&paths.owners_topic(&group, &clicks)).await.unwrap();
+    let owner = ConsumerThreadId::new(&ConsumerId::new("fenced_late-1").unwrap(), 0);
+    session
+        .create(&paths.owner(&group, &clicks, p1), &OwnerData(owner).encode(), CreateMode::Ephemeral)
+        .await
+        .unwrap();
+    let read = admin.read(&group, Some(&clicks)).await.unwrap();
+    let err = admin.write(&group, &read, &reset(&read)).await.unwrap_err();
+    assert!(
+        matches!(&err, AdminError::ClaimedMeanwhile { tp: claimed, .. } if claimed == &tp("clicks", 1)),
+        "{err}"
+    );
+    assert!(err.is_consumer_live() && !err.is_retryable(), "{err:?}");
+    assert!(
+        err.to_string().contains("clicks partition 1") && err.to_string().contains("nothing was changed"),
+        "{err}"
+    );
+    let (bytes, _) = session.get(&paths.offset(&group, &clicks, p0)).await.unwrap();
+    assert_eq!(bytes, b"40", "nothing written");
+    assert!(session.exists(&paths.offset(&group, &clicks, p1)).await.unwrap().is_none(), "nothing created");
+
+    // The owner is gone: the same plan is written, and the fence leaves no owner node.
+    session.delete(&paths.owner(&group, &clicks, p1), None).await.unwrap();
+    let read = admin.read(&group, Some(&clicks)).await.unwrap();
+    let joined = admin.write(&group, &read, &reset(&read)).await.unwrap();
+    assert!(joined.is_empty(), "{joined:?}");
+    assert_eq!(session.get(&paths.offset(&group, &clicks, p0)).await.unwrap().0, b"10");
+    assert_eq!(session.get(&paths.offset(&group, &clicks, p1)).await.unwrap().0, b"0");
+    assert!(session.children(&paths.owners_topic(&group, &clicks)).await.unwrap().is_empty());
+
+    // A registered member is refused before anything is tried.
+    session
+        .create(&paths.id(&group, &ConsumerId::new("fenced_live-1").unwrap()), b"{}", CreateMode::Ephemeral)
+        .await
+        .unwrap();
+    let read = admin.read(&group, Some(&clicks)).await.unwrap();
+    let err = admin.write(&group, &read, &reset(&read)).await.unwrap_err();
+    assert!(matches!(err, AdminError::LiveMembers { .. }) && err.is_consumer_live(), "{err}");
+}

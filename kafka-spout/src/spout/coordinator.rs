@@ -222,10 +222,19 @@ impl Coordinator {
         }
     }
 
+    /// Stops fetching `partitions`, those still assigned to the consumer: a deactivation
+    /// unassigns everything before the member's leave revokes it again.
     fn unassign(&self, partitions: &BTreeSet<TopicPartition>) {
+        let assigned = self.consumer.assignment().ok();
         let mut tpl = TopicPartitionList::new();
         for tp in partitions {
-            tpl.add_partition(tp.topic.as_str(), tp.partition.get());
+            let (topic, partition) = (tp.topic.as_str(), tp.partition.get());
+            if assigned.as_ref().is_none_or(|a| a.find_partition(topic, partition).is_some()) {
+                tpl.add_partition(topic, partition);
+            }
+        }
+        if tpl.count() == 0 {
+            return;
         }
         if let Err(e) = self.consumer.incremental_unassign(&tpl) {
             tracing::warn!(component = %self.component, error = %e, "unassigning partitions from the consumer");
