@@ -143,11 +143,14 @@ fn missing(got: &BTreeSet<u64>, n: u64, partitions: u64) -> Vec<(u64, u64)> {
     (0..n).filter(|x| !got.contains(x)).take(40).map(|x| (x % partitions, x / partitions)).collect()
 }
 
+/// Test logs, shown only for a failing test: `RUST_LOG`, else warnings and the spout's and
+/// registry's hand-offs (where each partition started, who left), so a failure in CI says
+/// what happened.
 fn logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("warn,kafka_spout=info,consumer_registry=info")
+    });
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false).with_test_writer().try_init();
 }
 
 fn numbers(records: &[(String, u64)]) -> BTreeSet<u64> {
@@ -306,7 +309,16 @@ fn partitions_move_from_two_spout_tasks_to_four_without_overlap() {
     }
     let twice: Vec<(&str, &BTreeSet<Option<i64>>)> =
         emissions.iter().filter(|(_, at)| at.len() > 1).map(|(k, at)| (*k, at)).collect();
-    assert!(twice.is_empty(), "emitted by two tasks or twice (key, record timestamps): {twice:?}");
+    let by_partition = twice.iter().fold(BTreeMap::<&str, usize>::new(), |mut m, (k, _)| {
+        *m.entry(k.split(':').next().unwrap_or(k)).or_default() += 1;
+        m
+    });
+    assert!(
+        twice.is_empty(),
+        "{} keys emitted by two tasks or twice, by partition {by_partition:?}; the first ones (key, record timestamps): {:?}",
+        twice.len(),
+        &twice[..twice.len().min(5)]
+    );
     let retried = records.iter().filter(|(k, n)| **n > emissions[*k].len()).count();
     println!("hand-off: {} records for 6000 numbers, {retried} written twice by a producer retry", out.len());
     a.shutdown(Duration::from_secs(5));

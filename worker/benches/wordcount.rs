@@ -13,7 +13,9 @@
 //! each latency run the same rate goes through `floor` (`wordcount/floor.rs`): the word count's
 //! shape as three bare threads handing each other one sentence at a time, so every invocation
 //! shows beside Squall's tail what this machine allowed such a pipeline in the same minutes
-//! (`SQUALL_BENCH_FLOOR=0` skips it). Not a timed test.
+//! (`SQUALL_BENCH_FLOOR=0` skips it). `SQUALL_BENCH_TIMELINE=1` prints, for each latency run,
+//! what each backlog of sentences in flight began with (`wordcount/timeline.rs`). Not a timed
+//! test.
 //!
 //! Then the same with two worker processes (this binary re-executed as children, connected
 //! over loopback TCP): spout, split and acker in one, count in the other, so every word crosses
@@ -27,6 +29,8 @@
 
 #[path = "wordcount/floor.rs"]
 mod floor;
+#[path = "wordcount/timeline.rs"]
+mod timeline;
 
 // As in the `squall` binary: glibc malloc with frees on other threads (tuples cross executors)
 // costs ~20-40% of throughput here.
@@ -213,7 +217,17 @@ fn latency_run(rate: f64, secs: u64) -> Option<Run> {
     std::thread::sleep(Duration::from_secs(1));
     let spout = cluster.runtime().component_stats("sentences");
     spout.iter().for_each(|s| s.reset_complete_histogram());
+    let sampler = (env_or("SQUALL_BENCH_TIMELINE", 0) != 0).then(|| {
+        let spout = spout.clone();
+        timeline::Sampler::start(move || {
+            let sum = |f: fn(&worker::stats::ExecStats) -> u64| spout.iter().map(|s| f(s)).sum();
+            (sum(|s| s.emitted.load(Ordering::Relaxed)), sum(|s| s.acked.load(Ordering::Relaxed)))
+        })
+    });
     let mut run = probed_window(secs, || spout.iter().map(|s| s.acked.load(Ordering::Relaxed)).sum());
+    if let Some(sampler) = sampler {
+        println!("  {}", sampler.finish(rate));
+    }
     let stats = spout.first()?;
     let (p50, p99, _) = stats.complete_percentiles_us();
     (run.p50_us, run.p99_us, run.p999_us) = (p50, p99, stats.complete_quantile_us(0.999));
