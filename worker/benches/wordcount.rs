@@ -25,7 +25,7 @@
 //! `cargo bench -p worker --bench wordcount [-- <sentences> [--only hop|wc|latency|two]]` (default
 //! 2,000,000);
 //! `BATCH=<n>` overrides `topology.producer.batch.size`, `FLUSH_US=<n>`
-//! `squall.batch.flush.interval.us`.
+//! `squall.batch.flush.interval.us`, `INLINE=0` turns `squall.executor.inline.downstream` off.
 
 #[path = "wordcount/floor.rs"]
 mod floor;
@@ -118,12 +118,18 @@ fn flush_us() -> u64 {
     env_or("FLUSH_US", TopologyConfig::default().batch_flush_interval_us)
 }
 
+/// `INLINE=0` turns `squall.executor.inline.downstream` off (default on).
+fn inline_downstream() -> bool {
+    env_or("INLINE", 1) != 0
+}
+
 fn topology(acking: bool, count: Option<u64>, rate: Option<f64>) -> worker::Topology {
     let config = TopologyConfig {
         acker_executors: Some(u32::from(acking)),
         max_spout_pending: acking.then_some(20_000),
         producer_batch_size: batch_size(),
         batch_flush_interval_us: flush_us(),
+        inline_downstream: inline_downstream(),
         ..TopologyConfig::default()
     };
     let mut b = TopologyBuilder::new("wordcount");

@@ -6,7 +6,7 @@
 //! connection) and handed over when the batch is full or the executor runs out of input.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use crate::queue::QueueSender;
@@ -16,6 +16,7 @@ use cluster_state::ids::{ComponentId, TaskId};
 pub(crate) type ErrorSender = tokio::sync::mpsc::Sender<ErrorReport>;
 
 use crate::acker::AckMsg;
+use crate::bolt_cell::BoltCell;
 use crate::error::Error;
 use crate::grouping::{Chooser, SplitMix64};
 use crate::pending::{PendingTrees, PendingTuple};
@@ -63,6 +64,11 @@ pub(crate) struct Routes {
     pub(crate) dest_of_task: Vec<u32>,
     /// Destination queues: local executors' inboxes and peer workers' send queues.
     pub(crate) dests: Vec<QueueSender<Batch>>,
+    /// Per destination, the bolt executor behind it when an upstream thread may run it inline
+    /// (`BoltCell::try_run`; a local bolt executor of a topology without cycles). Weak: the
+    /// executor's thread owns it, and when that thread ends its queue goes with it, so a sender
+    /// blocked on the full queue sees it closed instead of waiting forever.
+    pub(crate) cells: Vec<Option<Weak<BoltCell>>>,
 }
 
 /// Routes that the worker may replace when the assignment changes; executors pick up a new
@@ -176,6 +182,11 @@ pub(crate) struct Emitter {
     /// a counting bolt ~10% of its time).
     pub(crate) acked: u64,
     pub(crate) failed: u64,
+    /// Whether a batch for an idle local bolt executor may run on this thread instead of
+    /// being queued for its own (`BoltCell::try_run`): set by a bolt executor's loop while it
+    /// works on the last batch of its queue, never for a spout's or an acker's emitter, nor
+    /// for an executor run inline.
+    pub(crate) inline_ok: bool,
 }
 
 impl Emitter {
@@ -215,6 +226,7 @@ impl Emitter {
             transferred: 0,
             acked: 0,
             failed: 0,
+            inline_ok: false,
         }
     }
 
@@ -321,6 +333,27 @@ impl Emitter {
         }
     }
 
+    /// Runs the batch for `dest` on this thread when this thread may and the bolt executor
+    /// behind it is idle (`BoltCell::try_run`); false, with the batch left in place, otherwise.
+    #[inline]
+    fn run_inline(&mut self, dest: usize) -> bool {
+        if !self.inline_ok {
+            return false;
+        }
+        let Some(cell) = self.routes.cells.get(dest).and_then(Option::as_ref).and_then(Weak::upgrade) else {
+            return false;
+        };
+        let cap = self.bufs[dest].len();
+        let batch = std::mem::replace(&mut self.bufs[dest], Vec::with_capacity(cap));
+        match cell.try_run(batch) {
+            Ok(()) => true,
+            Err(back) => {
+                self.bufs[dest] = back;
+                false
+            }
+        }
+    }
+
     /// Hands over every partial batch, publishes counters and picks up new routes.
     pub(crate) fn flush(&mut self) {
         for dest in 0..self.bufs.len() {
@@ -376,6 +409,12 @@ impl Emitter {
         for dest in 0..self.bufs.len() {
             let len = self.bufs[dest].len();
             if len == 0 {
+                continue;
+            }
+            if self.run_inline(dest) {
+                // A partial batch at the end of a pass, run on this thread by the idle
+                // executor it was for: no wake-up to save by holding it. (A full batch always
+                // goes to its executor's own thread: under load the two run in parallel.)
                 continue;
             }
             let p = &mut self.paces[dest];
@@ -777,7 +816,7 @@ mod tests {
         let (tx_b, rx_b) = crate::queue::unbounded();
         // Tasks 5 and 6 live behind destination 0, task 7 behind destination 1.
         let dest_of_task = vec![u32::MAX, u32::MAX, u32::MAX, u32::MAX, u32::MAX, 0, 0, 1];
-        let routes = SharedRoutes::new(Routes { dest_of_task, dests: vec![tx_a, tx_b] });
+        let routes = SharedRoutes::new(Routes { dest_of_task, dests: vec![tx_a, tx_b], cells: Vec::new() });
         let stats = Arc::new(ExecStats::new(ExecutorId::single(TaskId(3))));
         let interval = Duration::from_millis(50);
         let mut em = Emitter::new(
@@ -853,7 +892,7 @@ mod tests {
         let (tx, rx) = crate::queue::unbounded();
         let mut dest_of_task = vec![u32::MAX; 6];
         dest_of_task[5] = 0;
-        let routes = SharedRoutes::new(Routes { dest_of_task, dests: vec![tx] });
+        let routes = SharedRoutes::new(Routes { dest_of_task, dests: vec![tx], cells: Vec::new() });
         let stats = Arc::new(ExecStats::new(ExecutorId::single(TaskId(3))));
         let mut em = Emitter::new(
             ComponentId::new("count").unwrap(),

@@ -13,13 +13,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cluster_state::ids::{ComponentId, ExecutorId, TaskId};
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 use hdrhistogram::Histogram;
 use tokio_util::sync::CancellationToken;
 
 use crate::acker::{AckLedger, AckMsg};
+use crate::bolt_cell::{BoltCell, BoltCore, Poisoned};
 use crate::collector::{
-    Batch, BoltCollector, Emitter, Envelope, ErrorSender, OutStream, Sent, SharedRoutes, SpoutCollector,
+    Batch, BoltCollector, Emitter, Envelope, ErrorSender, OutStream, SharedRoutes, SpoutCollector,
     SpoutPending, Subscriber,
 };
 use crate::component::{Bolt, Spout, TopologyContext};
@@ -28,7 +29,7 @@ use crate::grouping::Chooser;
 use crate::layout::TaskLayout;
 use crate::pending::{PendingTrees, PendingTuple};
 use crate::queue::{QueueReceiver, QueueSender};
-use crate::stats::{ExecStats, SAMPLE_EVERY};
+use crate::stats::ExecStats;
 use crate::topology::{ACKER_COMPONENT, ComponentKind, Topology};
 use crate::tuple::{Anchors, Fields, SYSTEM_COMPONENT, StreamMeta, TICK_STREAM, Tuple, Value};
 
@@ -130,6 +131,13 @@ pub(crate) fn inbox(
     }
 }
 
+/// An executor's queue as its thread takes it: a bolt's in its cell (which an upstream thread
+/// may also run it from), a spout's or an acker's plain.
+pub(crate) enum ExecutorInbox {
+    Queue(QueueReceiver<Batch>),
+    Bolt(Arc<BoltCell>),
+}
+
 /// The emitter of executor `id` of `component`, publishing to `stats`.
 fn emitter_of(
     shared: &Shared,
@@ -175,9 +183,10 @@ pub(crate) fn spawn(
     shared: &Shared,
     id: ExecutorId,
     component: ComponentId,
-    inbox: QueueReceiver<Batch>,
+    inbox: ExecutorInbox,
     local_tasks: &BTreeSet<TaskId>,
     fused_acker: Option<ExecutorId>,
+    inline: bool,
 ) -> Result<(RunningExecutor, Option<RunningExecutor>)> {
     let stats = Arc::new(ExecStats::new(id));
     let tasks: Vec<TaskId> = id.tasks().collect();
@@ -210,24 +219,34 @@ pub(crate) fn spawn(
     let name = format!("{component}-{}", id.start_task());
     let builder = std::thread::Builder::new().name(name);
     let spec = shared.topology.components().get(&component);
-    let (thread, is_spout) = match spec.map(|s| s.kind.clone()) {
-        Some(ComponentKind::Spout(factory)) => {
+    let (thread, is_spout) = match (spec.map(|s| s.kind.clone()), inbox) {
+        (Some(ComponentKind::Spout(factory)), ExecutorInbox::Queue(inbox)) => {
             let spouts: Vec<Box<dyn Spout>> = tasks.iter().map(|_| factory()).collect();
             let st = stats.clone();
             (builder.spawn(move || run_spout(shared2, emitter, inbox, spouts, contexts, st, acker_em)), true)
         }
-        Some(ComponentKind::Bolt(factory)) => {
+        (Some(ComponentKind::Bolt(factory)), inbox) => {
+            let cell = match inbox {
+                ExecutorInbox::Bolt(cell) => cell,
+                ExecutorInbox::Queue(rx) => BoltCell::new(rx),
+            };
             let bolts: Vec<Box<dyn Bolt>> = tasks.iter().map(|_| factory()).collect();
             let st = stats.clone();
-            (builder.spawn(move || run_bolt(shared2, emitter, inbox, bolts, contexts, st)), false)
+            (builder.spawn(move || run_bolt(shared2, emitter, cell, bolts, contexts, st, inline)), false)
         }
-        None if component.as_str() == ACKER_COMPONENT => {
+        (None, ExecutorInbox::Queue(inbox)) if component.as_str() == ACKER_COMPONENT => {
             (builder.spawn(move || run_acker(shared2, emitter, inbox)), false)
         }
-        None => {
+        (None, ExecutorInbox::Queue(_)) => {
             return Err(Error::Executor {
                 executor: id.to_string(),
                 reason: format!("unknown component {component}"),
+            });
+        }
+        (_, ExecutorInbox::Bolt(_)) => {
+            return Err(Error::Executor {
+                executor: id.to_string(),
+                reason: format!("{component} is not a bolt but was given a bolt executor's queue"),
             });
         }
     };
@@ -602,15 +621,17 @@ fn tick_meta() -> Option<Arc<StreamMeta>> {
     }))
 }
 
-// Over 100 lines on purpose, like `run_spout`: the bolt executor's per-batch loop with its
-// state in locals.
+/// A bolt executor's own thread: prepares its bolts, then runs what reaches its queue, its
+/// ticks and its held batches, holding its cell (`BoltCell`) while it works; between passes
+/// the cell is free for an upstream thread to run it inline.
 fn run_bolt(
     shared: Shared,
     mut em: Emitter,
-    inbox: QueueReceiver<Batch>,
+    cell: Arc<BoltCell>,
     mut bolts: Vec<Box<dyn Bolt>>,
     contexts: Vec<TopologyContext>,
     stats: Arc<ExecStats>,
+    inline: bool,
 ) {
     for (bolt, ctx) in bolts.iter_mut().zip(&contexts) {
         if let Err(e) = bolt.prepare(ctx) {
@@ -618,33 +639,21 @@ fn run_bolt(
             return;
         }
     }
-    let start = contexts.first().map_or(0, |c| c.task_id.0);
+    let start = contexts.first().map_or(TaskId(0), |c| c.task_id);
     let tick_secs = bolts
         .first()
         .and_then(|b| b.tick_tuple_freq_secs())
         .or(shared.topology.config().tick_tuple_freq_secs);
     let tick = tick_secs.map(Duration::from_secs).zip(tick_meta());
     let mut next_tick = tick.as_ref().map(|(every, _)| Instant::now() + *every);
-    let mut seen = 0u64;
     // Bolts that finish work outside `execute` (multilang) wake the executor and are polled.
     let wakers: Vec<Receiver<()>> = bolts.iter().filter_map(|b| b.waker()).collect();
-
-    let mut inputs = Inputs::new(&shared.table);
-    let mut execute = |bolts: &mut Vec<Box<dyn Bolt>>, em: &mut Emitter, task: TaskId, tuple: &Tuple| {
-        let Some(bolt) = bolts.get_mut(task.0.wrapping_sub(start) as usize) else { return };
-        em.task = task;
-        seen += 1;
-        let started = seen.is_multiple_of(SAMPLE_EVERY).then(Instant::now);
-        let mut out = BoltCollector { em };
-        if let Err(e) = bolt.execute(tuple, &mut out) {
-            out.report_error(e);
-            out.fail(tuple);
-        }
-        if let Some(t) = started {
-            stats.record_execute(t.elapsed());
-        }
-    };
-
+    let inline = inline && wakers.is_empty();
+    let component = em.component.clone();
+    match cell.lock() {
+        Ok(mut core) => *core = Some(BoltCore::new(bolts, em, &shared.table, start, stats, inline)),
+        Err(Poisoned) => return,
+    }
     // When the first batch held back by the flush interval is due (`Emitter::flush_paced`).
     let mut flush_at: Option<Instant> = None;
     loop {
@@ -653,31 +662,42 @@ fn run_bolt(
         let wake_at = next_tick.into_iter().chain(flush_at).min();
         let timeout =
             wake_at.map_or(IDLE_POLL, |t| t.saturating_duration_since(Instant::now()).min(IDLE_POLL));
-        let received = if wakers.is_empty() {
-            inbox.recv_timeout(timeout)
+        // Batches are taken from the queue only while holding the cell, so that a batch an
+        // upstream thread runs inline never overtakes one queued before it. A multilang bolt
+        // (never run inline) takes its first batch as it wakes.
+        let first = if wakers.is_empty() {
+            cell.inbox.wait_timeout(timeout);
+            None
         } else {
-            crate::multilang::recv_or_wake(inbox.channel(), &wakers, timeout)
+            match crate::multilang::recv_or_wake(cell.inbox.channel(), &wakers, timeout) {
+                Ok(b) => Some(b),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
         };
-        match received {
-            Ok(mut b) => loop {
-                em.refresh_routes();
-                for env in b.drain(..) {
-                    if let Envelope::Tuple { task, tuple } = env
-                        && let Some(tuple) = inputs.take(tuple)
-                    {
-                        execute(&mut bolts, &mut em, task, tuple);
-                    }
-                }
-                match inbox.try_recv() {
-                    Ok(next) => b = next,
-                    Err(_) => break,
-                }
-                if shared.cancel.is_cancelled() {
+        let Ok(mut guard) = cell.lock() else {
+            tracing::error!(%component, "a bolt of this executor panicked on an upstream executor's thread; the executor stops");
+            return;
+        };
+        let Some(core) = guard.as_mut() else { return };
+        let mut next = first.map(Ok);
+        let mut disconnected = false;
+        loop {
+            let b = match next.take().unwrap_or_else(|| cell.inbox.try_recv()) {
+                Ok(b) => b,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    disconnected = true;
                     break;
                 }
-            },
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => break,
+            };
+            // Working on the last batch queued: nothing else waits, so an idle downstream
+            // executor may run on this thread instead of being woken.
+            core.em.inline_ok = inline && cell.inbox.is_empty();
+            core.process(b);
+            if shared.cancel.is_cancelled() {
+                break;
+            }
         }
         if let (Some(at), Some((every, meta))) = (next_tick, tick.as_ref())
             && Instant::now() >= at
@@ -691,21 +711,28 @@ fn run_bolt(
                     anchors: Anchors::None,
                     ack_val: 0.into(),
                 };
-                execute(&mut bolts, &mut em, ctx.task_id, &t);
+                core.execute(ctx.task_id, &t);
             }
         }
         if !wakers.is_empty() {
-            poll_bolts(&mut bolts, &contexts, &mut em);
+            poll_bolts(&mut core.bolts, &contexts, &mut core.em);
         }
-        // Publishes the counts too (emitted, acked, ...).
-        flush_at = em.flush_paced();
-        if shared.cancel.is_cancelled() {
+        // Publishes the counts too (emitted, acked, ...). The partial batches of the pass's
+        // last batch run inline like its full ones.
+        flush_at = core.em.flush_paced();
+        core.em.inline_ok = false;
+        drop(guard);
+        if disconnected || shared.cancel.is_cancelled() {
             break;
         }
     }
-    em.flush();
-    for b in bolts.iter_mut() {
-        b.cleanup();
+    // Taken out of the cell: nobody runs it inline any more.
+    let core = cell.lock().ok().and_then(|mut c| c.take());
+    if let Some(mut core) = core {
+        core.em.flush();
+        for b in core.bolts.iter_mut() {
+            b.cleanup();
+        }
     }
 }
 
@@ -714,39 +741,6 @@ fn poll_bolts(bolts: &mut [Box<dyn Bolt>], contexts: &[TopologyContext], em: &mu
     for (bolt, ctx) in bolts.iter_mut().zip(contexts) {
         em.task = ctx.task_id;
         bolt.poll(&mut BoltCollector { em: &mut *em });
-    }
-}
-
-/// Turns tuples in flight into the [`Tuple`]s a bolt sees, with this executor's own copy of
-/// every stream's metadata. One `Tuple` is reused while consecutive inputs share a stream, so
-/// taking an input touches no reference count (a bolt that keeps a clone keeps its own).
-struct Inputs {
-    metas: Vec<Arc<StreamMeta>>,
-    current: Option<Tuple>,
-}
-
-impl Inputs {
-    fn new(table: &StreamTable) -> Self {
-        Inputs { metas: table.metas.iter().map(|m| Arc::new(StreamMeta::clone(m))).collect(), current: None }
-    }
-
-    /// The tuple for `sent`; `None` for a stream this worker does not know (never the case for
-    /// envelopes built in this topology).
-    fn take(&mut self, sent: Sent) -> Option<&Tuple> {
-        let Sent { values, stream, source_task, anchors } = sent;
-        match &mut self.current {
-            Some(t) if t.meta.index == stream => {
-                t.values = values;
-                t.source_task = source_task;
-                t.anchors = anchors;
-                t.ack_val = 0.into();
-            }
-            slot => {
-                let meta = self.metas.get(stream as usize)?.clone();
-                *slot = Some(Tuple { values, meta, source_task, anchors, ack_val: 0.into() });
-            }
-        }
-        self.current.as_ref()
     }
 }
 
@@ -793,56 +787,4 @@ fn run_acker(shared: Shared, mut em: Emitter, inbox: QueueReceiver<Batch>) {
         }
     }
     em.flush();
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::builtin::{SentenceParams, SentenceSpout, SplitSentence, WordCount};
-    use crate::topology::TopologyBuilder;
-
-    #[test]
-    fn inputs_reuse_a_tuple_only_within_one_stream() {
-        let mut b = TopologyBuilder::new("t");
-        b.set_spout("s", 1, || SentenceSpout::new(SentenceParams::default()));
-        b.set_bolt("split", 1, SplitSentence::default).shuffle_grouping("s");
-        b.set_bolt("count", 1, WordCount::default).fields_grouping("split", ["word"]);
-        let table = StreamTable::new(&b.build().unwrap());
-        let stream_of = |c: &str| table.metas.iter().find(|m| m.component.as_str() == c).unwrap().index;
-        let (s, split) = (stream_of("s"), stream_of("split"));
-        let anchor = Anchors::One(crate::tuple::Anchor { root: 1, edge: 2 });
-        let sent = |stream, text: &str, task, anchors: &Anchors| Sent {
-            values: [Value::from(text)].into_iter().collect(),
-            stream,
-            source_task: TaskId(task),
-            anchors: anchors.clone(),
-        };
-        let mut inputs = Inputs::new(&table);
-        let mut kept = Vec::new();
-        for (stream, text, task, anchors) in [
-            (s, "a b", 1, &anchor),
-            (s, "c d", 1, &Anchors::None),
-            (split, "w", 2, &anchor),
-            (s, "e", 1, &Anchors::None),
-        ] {
-            let t = inputs.take(sent(stream, text, task, anchors)).unwrap();
-            t.ack_val.xor(7);
-            let c = t.clone();
-            assert_eq!(c.get_str(0), Some(text));
-            assert_eq!(c.source_task(), TaskId(task));
-            assert_eq!(c.anchors(), anchors.as_slice());
-            assert_eq!(c.meta.index, stream);
-            kept.push(c);
-        }
-        // A reused tuple starts from a clean ack value; clones kept by a bolt are untouched.
-        let t = inputs.take(sent(s, "f", 1, &Anchors::None)).unwrap();
-        assert_eq!(t.ack_val.get(), 0);
-        let texts: Vec<_> = kept.iter().map(|t| t.get_str(0).unwrap()).collect();
-        assert_eq!(texts, ["a b", "c d", "w", "e"]);
-        assert_eq!(kept[2].source_component().as_str(), "split");
-        assert_eq!(kept[3].source_component().as_str(), "s");
-        assert!(kept.iter().all(|t| t.ack_val.get() == 7));
-        // An index no table has is refused, not a panic.
-        assert!(inputs.take(sent(999, "x", 1, &Anchors::None)).is_none());
-    }
 }

@@ -52,6 +52,7 @@
 //! ```
 
 pub mod acker;
+mod bolt_cell;
 pub mod builtin;
 pub mod cli;
 pub mod collector;

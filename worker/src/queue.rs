@@ -153,6 +153,35 @@ impl<T> QueueReceiver<T> {
         }
     }
 
+    /// Waits up to `timeout` until the queue holds a value, parked like [`Self::recv_timeout`],
+    /// without taking it: the caller takes values while it holds the lock that orders them
+    /// (a bolt executor's cell, `BoltCell`). True when a value is there, false at the timeout
+    /// (a queue whose senders are gone stays empty: its receiver's owner is told to stop by
+    /// other means, and takes the disconnection from `try_recv`).
+    pub(crate) fn wait_timeout(&self, timeout: Duration) -> bool {
+        if !self.rx.is_empty() {
+            return true;
+        }
+        let deadline = Instant::now() + timeout;
+        {
+            let mut thread = self.bell.thread.lock().unwrap_or_else(PoisonError::into_inner);
+            if thread.as_ref().is_none_or(|t| t.id() != std::thread::current().id()) {
+                *thread = Some(std::thread::current());
+            }
+        }
+        loop {
+            self.bell.waiting.store(true, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+            let ready = !self.rx.is_empty();
+            let now = Instant::now();
+            if ready || now >= deadline {
+                self.bell.waiting.store(false, Ordering::Relaxed);
+                return ready;
+            }
+            std::thread::park_timeout(deadline - now);
+        }
+    }
+
     /// The channel itself, for `crossbeam_channel::Select` (whose wait spins as crossbeam's
     /// does; senders wake it through the channel).
     pub(crate) fn channel(&self) -> &crossbeam_channel::Receiver<T> {
@@ -199,6 +228,34 @@ mod tests {
         for i in 0..n {
             tx.send(i).expect("the echo thread receives");
             // Ping-pong: the echo thread is parked again (or about to) before the next send.
+            assert_eq!(back_rx.recv_timeout(Duration::from_secs(10)), Ok(i));
+        }
+        echo.join().expect("echo thread");
+    }
+
+    /// `wait_timeout` takes nothing: it times out on an empty queue, returns at once when a
+    /// value is there, and a parked waiter is woken by every send (2,000 values handed one at
+    /// a time; a lost wake-up would cost its 10 s timeout and fail it).
+    #[test]
+    fn a_waiter_is_woken_by_every_send_and_leaves_the_value() {
+        let (tx, rx) = bounded::<u32>(1);
+        let t = Instant::now();
+        assert!(!rx.wait_timeout(Duration::from_millis(30)));
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        tx.send(7).expect("room");
+        assert!(rx.wait_timeout(Duration::from_secs(10)));
+        assert!(rx.wait_timeout(Duration::from_secs(10)), "the value is still there");
+        assert_eq!(rx.try_recv(), Ok(7));
+        let (back_tx, back_rx) = unbounded::<u32>();
+        let n = 2_000;
+        let echo = std::thread::spawn(move || {
+            for _ in 0..n {
+                assert!(rx.wait_timeout(Duration::from_secs(10)), "woken by the send");
+                back_tx.send(rx.try_recv().expect("the value waited for")).expect("the test waits");
+            }
+        });
+        for i in 0..n {
+            tx.send(i).expect("the echo thread takes");
             assert_eq!(back_rx.recv_timeout(Duration::from_secs(10)), Ok(i));
         }
         echo.join().expect("echo thread");

@@ -2,18 +2,19 @@
 //! all workers of a topology in one process ([`LocalCluster`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crate::queue::{QueueReceiver, QueueSender};
+use crate::queue::QueueSender;
 use cluster_state::ids::{ComponentId, ExecutorId, TaskId};
 use tokio_util::sync::CancellationToken;
 
 use crate::acker::AckMsg;
+use crate::bolt_cell::BoltCell;
 use crate::collector::{Batch, Envelope, ErrorReport, ErrorSender, Routes, SharedRoutes};
 use crate::error::Result;
-use crate::executor::{self, RunningExecutor, Shared, StreamTable};
+use crate::executor::{self, ExecutorInbox, RunningExecutor, Shared, StreamTable};
 use crate::layout::TaskLayout;
 use crate::stats::ExecStats;
 use crate::topology::{ACKER_COMPONENT, Topology};
@@ -32,10 +33,13 @@ pub struct WorkerRuntime {
     pub(crate) layout: Arc<TaskLayout>,
     /// Inbox of each local task, for frames received from peers.
     pub(crate) inboxes: BTreeMap<TaskId, QueueSender<Batch>>,
+    /// The bolt executor of each local task that upstream threads may run inline (routes
+    /// rebuilt by `set_remote` keep them; its thread owns it).
+    cells: BTreeMap<TaskId, Weak<BoltCell>>,
 }
 
 /// An executor to start: id, component, its worker's tasks, its inbox.
-type ExecutorQueue = (ExecutorId, ComponentId, Arc<BTreeSet<TaskId>>, QueueReceiver<Batch>);
+type ExecutorQueue = (ExecutorId, ComponentId, Arc<BTreeSet<TaskId>>, ExecutorInbox);
 
 /// What to build a runtime from.
 pub(crate) struct RuntimeParts {
@@ -55,8 +59,12 @@ impl WorkerRuntime {
         let table = Arc::new(StreamTable::new(&parts.topology));
         let mut queues: Vec<ExecutorQueue> = Vec::new();
         let mut inboxes = BTreeMap::new();
-        let mut routes =
-            Routes { dest_of_task: vec![u32::MAX; parts.layout.max_task() as usize + 1], dests: Vec::new() };
+        let mut routes = Routes {
+            dest_of_task: vec![u32::MAX; parts.layout.max_task() as usize + 1],
+            ..Routes::default()
+        };
+        let inline = runs_downstream_inline(&parts.topology);
+        let mut cells = BTreeMap::new();
         let fused = fused_ackers(&parts);
         let fused_into: BTreeMap<ExecutorId, ExecutorId> = fused.iter().map(|(s, a)| (*a, *s)).collect();
         for (id, local) in &parts.executors {
@@ -65,13 +73,25 @@ impl WorkerRuntime {
                 continue; // Its tasks share its spout's inbox (below).
             }
             let (tx, rx) = executor::inbox(&parts.topology, &component);
+            let is_bolt = parts.topology.components().get(&component).is_some_and(|c| !c.is_spout());
+            let (rx, cell) = if is_bolt {
+                let cell = BoltCell::new(rx);
+                let routed = inline.then(|| Arc::downgrade(&cell));
+                (ExecutorInbox::Bolt(cell), routed)
+            } else {
+                (ExecutorInbox::Queue(rx), None)
+            };
             let dest = routes.dests.len() as u32;
             routes.dests.push(tx.clone());
+            routes.cells.push(cell.clone());
             for t in id.tasks() {
                 if let Some(slot) = routes.dest_of_task.get_mut(t.0 as usize) {
                     *slot = dest;
                 }
                 inboxes.insert(t, tx.clone());
+                if let Some(cell) = &cell {
+                    cells.insert(t, cell.clone());
+                }
             }
             queues.push((*id, component, local.clone(), rx));
         }
@@ -87,6 +107,7 @@ impl WorkerRuntime {
         }
         let base = routes.dests.len() as u32;
         routes.dests.extend(parts.remote_dests.iter().cloned());
+        routes.cells.resize(routes.dests.len(), None);
         for (task, idx) in &parts.remote_tasks {
             if let Some(slot) = routes.dest_of_task.get_mut(task.0 as usize) {
                 *slot = base + *idx as u32;
@@ -112,9 +133,10 @@ impl WorkerRuntime {
             table,
             layout: parts.layout,
             inboxes,
+            cells,
         };
         for (id, component, local, rx) in queues {
-            match executor::spawn(&shared, id, component, rx, &local, fused.get(&id).copied()) {
+            match executor::spawn(&shared, id, component, rx, &local, fused.get(&id).copied(), inline) {
                 Ok((e, acker)) => runtime.executors.extend(std::iter::once(e).chain(acker)),
                 Err(e) => {
                     runtime.stop();
@@ -132,12 +154,13 @@ impl WorkerRuntime {
         remote_dests: &[QueueSender<Batch>],
     ) {
         let mut routes =
-            Routes { dest_of_task: vec![u32::MAX; self.layout.max_task() as usize + 1], dests: Vec::new() };
+            Routes { dest_of_task: vec![u32::MAX; self.layout.max_task() as usize + 1], ..Routes::default() };
         let mut local: BTreeMap<usize, u32> = BTreeMap::new();
         for (task, tx) in &self.inboxes {
             // One destination per local executor queue (tasks of one executor share it).
             let dest = routes.dests.iter().position(|d| d.same_channel(tx)).unwrap_or_else(|| {
                 routes.dests.push(tx.clone());
+                routes.cells.push(self.cells.get(task).cloned());
                 routes.dests.len() - 1
             }) as u32;
             local.insert(task.0 as usize, dest);
@@ -149,6 +172,7 @@ impl WorkerRuntime {
         }
         let base = routes.dests.len() as u32;
         routes.dests.extend(remote_dests.iter().cloned());
+        routes.cells.resize(routes.dests.len(), None);
         for (task, idx) in remote_tasks {
             if let Some(slot) = routes.dest_of_task.get_mut(task.0 as usize) {
                 *slot = base + *idx as u32;
@@ -262,6 +286,44 @@ fn fused_ackers(parts: &RuntimeParts) -> BTreeMap<ExecutorId, ExecutorId> {
     spouts.zip(ackers).collect()
 }
 
+/// Whether bolt executors of this topology may run idle downstream bolt executors of their
+/// worker on their own thread (`bolt_cell`): `squall.executor.inline.downstream`, and only
+/// when no component's output comes back to it (the locks are then taken in the topology's
+/// order, and no thread waits for a queue only it would drain).
+fn runs_downstream_inline(topology: &Topology) -> bool {
+    topology.config().inline_downstream && !has_cycle(topology)
+}
+
+/// Whether some component's tuples can reach the component itself again.
+fn has_cycle(topology: &Topology) -> bool {
+    // Kahn's algorithm: components left once every one without unvisited inputs is taken sit on
+    // a cycle (or downstream of one).
+    let components = topology.components();
+    let mut inputs: BTreeMap<&str, usize> = components
+        .values()
+        .map(|c| {
+            let from: BTreeSet<&str> = c.inputs.iter().map(|i| i.from.as_str()).collect();
+            (c.id.as_str(), from.len())
+        })
+        .collect();
+    let mut ready: Vec<&str> = inputs.iter().filter(|(_, n)| **n == 0).map(|(c, _)| *c).collect();
+    let mut taken = 0;
+    while let Some(c) = ready.pop() {
+        taken += 1;
+        for sub in components.values() {
+            if sub.inputs.iter().any(|i| i.from == c)
+                && let Some(n) = inputs.get_mut(sub.id.as_str())
+            {
+                *n -= 1;
+                if *n == 0 {
+                    ready.push(sub.id.as_str());
+                }
+            }
+        }
+    }
+    taken < inputs.len()
+}
+
 /// Which of `workers` virtual workers runs each executor: round-robin over executors in id
 /// order (what the even scheduler does on an empty cluster).
 pub fn local_placement(layout: &TaskLayout, workers: u32) -> BTreeMap<ExecutorId, u32> {
@@ -348,5 +410,52 @@ impl LocalCluster {
     /// Graceful stop (see [`WorkerRuntime::shutdown`]).
     pub fn shutdown(self, drain: Duration) {
         self.runtime.shutdown(drain);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::TopologyConfig;
+    use crate::builtin::{SentenceParams, SentenceSpout, SplitSentence, WordCount};
+    use crate::topology::TopologyBuilder;
+
+    fn sentences() -> SentenceSpout {
+        SentenceSpout::new(SentenceParams::default())
+    }
+
+    /// Inline runs are for topologies whose tuples never come back to a component: a word count
+    /// (also with a second path to the same bolt) has no cycle; a bolt fed by its own output, or
+    /// by a bolt it feeds, has; and the key turns it off.
+    #[test]
+    fn downstream_runs_inline_only_without_cycles_and_when_configured() {
+        let mut b = TopologyBuilder::new("dag");
+        b.set_spout("s", 1, sentences);
+        b.set_bolt("split", 2, SplitSentence::default).shuffle_grouping("s");
+        b.set_bolt("count", 2, WordCount::default).fields_grouping("split", ["word"]).shuffle_grouping("s");
+        let dag = b.build().unwrap();
+        assert!(!has_cycle(&dag));
+        assert!(runs_downstream_inline(&dag));
+
+        let mut b = TopologyBuilder::new("off");
+        b.config(TopologyConfig { inline_downstream: false, ..TopologyConfig::default() });
+        b.set_spout("s", 1, sentences);
+        b.set_bolt("split", 1, SplitSentence::default).shuffle_grouping("s");
+        assert!(!runs_downstream_inline(&b.build().unwrap()));
+
+        let mut b = TopologyBuilder::new("self");
+        b.set_spout("s", 1, sentences);
+        b.set_bolt("split", 1, SplitSentence::default).shuffle_grouping("s").shuffle_grouping("split");
+        let own = b.build().unwrap();
+        assert!(has_cycle(&own));
+        assert!(!runs_downstream_inline(&own));
+
+        let mut b = TopologyBuilder::new("loop");
+        b.set_spout("s", 1, sentences);
+        b.set_bolt("a", 1, SplitSentence::default).shuffle_grouping("s").shuffle_grouping("b");
+        b.set_bolt("b", 1, SplitSentence::default).shuffle_grouping("a");
+        b.set_bolt("c", 1, WordCount::default).shuffle_grouping("b");
+        assert!(has_cycle(&b.build().unwrap()));
     }
 }

@@ -590,3 +590,84 @@ fn component_errors_are_reported_with_component_and_task() {
     }
     cluster.shutdown(Duration::from_secs(1));
 }
+
+type Relayed = Arc<Mutex<Vec<(String, TaskId, i64)>>>;
+
+/// Passes each input on with a sequence number of its own task, anchored.
+struct Relay {
+    next: i64,
+}
+
+impl Bolt for Relay {
+    fn declare_outputs(&self, d: &mut OutputDeclarer) {
+        d.declare(Fields::new(["id", "key", "seq"]));
+    }
+
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        let (id, key) = (input.get_int(0).unwrap_or(-1), input.get_str(1).unwrap_or("").to_owned());
+        self.next += 1;
+        out.emit(&[input], values![id, key, self.next])?;
+        out.ack(input);
+        Ok(())
+    }
+}
+
+/// Records the thread it runs on, the emitting task and its sequence number, and acks.
+struct ThreadRecorder {
+    seen: Relayed,
+}
+
+impl Bolt for ThreadRecorder {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        let thread = std::thread::current().name().unwrap_or("").to_owned();
+        self.seen.lock().unwrap().push((thread, input.source_task(), input.get_int(2).unwrap_or(-1)));
+        out.ack(input);
+        Ok(())
+    }
+}
+
+/// spout -> relay (2 executors) -> sink, `n` tuples, `squall.executor.inline.downstream` as
+/// given: what the sink saw, once every tree completed.
+fn relay_run(n: u64, inline: bool) -> Vec<(String, TaskId, i64)> {
+    let rec = Arc::new(Mutex::new(SpoutRecord::default()));
+    let seen = Relayed::default();
+    let mut b = TopologyBuilder::new("relay");
+    b.config(config(|c| {
+        c.inline_downstream = inline;
+        c.max_spout_pending = Some(500);
+        c.producer_batch_size = 16;
+    }));
+    let r = rec.clone();
+    b.set_spout("spout", 1, move || TestSpout::new(n, &r));
+    b.set_bolt("relay", 2, || Relay { next: 0 }).shuffle_grouping("spout");
+    let s = seen.clone();
+    b.set_bolt("sink", 1, move || ThreadRecorder { seen: s.clone() }).global_grouping("relay");
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    wait_for(Duration::from_secs(60), "every tree complete", || acked(&rec) == n as usize);
+    cluster.shutdown(Duration::from_secs(1));
+    assert!(rec.lock().unwrap().failed.is_empty(), "nothing fails");
+    seen.lock().unwrap().clone()
+}
+
+#[test]
+fn an_idle_downstream_bolt_runs_on_its_upstreams_thread_and_keeps_each_senders_order() {
+    let n = 20_000;
+    for inline in [true, false] {
+        let seen = relay_run(n, inline);
+        assert_eq!(seen.len(), n as usize, "inline {inline}: every tuple once");
+        // Each relay task's tuples reach the sink in the order it emitted them.
+        let mut last: BTreeMap<TaskId, i64> = BTreeMap::new();
+        for (_, task, seq) in &seen {
+            let prev = last.insert(*task, *seq).unwrap_or(0);
+            assert_eq!(*seq, prev + 1, "inline {inline}: from {task:?}, {seq} after {prev}");
+        }
+        let on_relay = seen.iter().filter(|(thread, _, _)| thread.starts_with("relay-")).count();
+        let on_sink = seen.iter().filter(|(thread, _, _)| thread.starts_with("sink-")).count();
+        assert_eq!(on_relay + on_sink, seen.len(), "inline {inline}: only those threads run the sink");
+        if inline {
+            assert!(on_relay > 0, "an idle sink ran on a relay's thread at least once");
+        } else {
+            assert_eq!(on_relay, 0, "off: the sink runs only on its own thread");
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! A bolt executor's state behind a lock, so that an idle bolt executor can be run on the thread
+//! of an upstream executor in the same worker instead of waking its own.
+//!
+//! A bolt executor's thread that works on the last batch in its queue (it has nothing else to
+//! do) hands a batch for a local bolt executor that is idle (its queue empty, its lock free)
+//! to that executor's tuples right there, on its own thread ([`BoltCell::try_run`]), instead
+//! of queueing it and waking the other thread. At partial load a word count's split then
+//! counts its own words: two threads are busy instead of three, and on two cores no thread of
+//! the pipeline waits a scheduler slice for a core behind the others (most of the half-load
+//! latency tail, issue 21). A busy downstream executor (its lock held, or input queued) gets
+//! the batch queued as before, and an upstream executor with input of its own waiting queues
+//! too: under load every executor runs on its own thread, in parallel.
+//!
+//! Order holds: a batch runs inline only after what was already in the executor's queue, and
+//! the executor's own thread takes from its queue only while it holds the lock. Only one level:
+//! an executor run inline queues its own output. The worker turns it on only for topologies
+//! without cycles (`squall.executor.inline.downstream`), so the threads hold these locks in the
+//! order of the topology and every wait for a full queue ends downstream: no deadlock.
+
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::Instant;
+
+use cluster_state::ids::TaskId;
+
+use crate::collector::{Batch, BoltCollector, Emitter, Envelope, Sent};
+use crate::component::Bolt;
+use crate::executor::StreamTable;
+use crate::queue::QueueReceiver;
+use crate::stats::{ExecStats, SAMPLE_EVERY};
+use crate::tuple::{StreamMeta, Tuple};
+
+/// What runs a bolt executor's tuples, on whichever thread holds it.
+pub(crate) struct BoltCore {
+    pub(crate) bolts: Vec<Box<dyn Bolt>>,
+    pub(crate) em: Emitter,
+    inputs: Inputs,
+    /// The executor's first task (bolts are indexed from it).
+    start: u32,
+    /// Tuples executed, for sampling the execute latency.
+    seen: u64,
+    stats: Arc<ExecStats>,
+    /// Whether upstream threads may run it (not a multilang bolt: those also wait on their
+    /// subprocesses, on their own thread).
+    inline: bool,
+}
+
+impl BoltCore {
+    pub(crate) fn new(
+        bolts: Vec<Box<dyn Bolt>>,
+        em: Emitter,
+        table: &StreamTable,
+        start: TaskId,
+        stats: Arc<ExecStats>,
+        inline: bool,
+    ) -> Self {
+        BoltCore { bolts, em, inputs: Inputs::new(table), start: start.0, seen: 0, stats, inline }
+    }
+
+    /// Runs every tuple of `batch`, with the routes of now.
+    pub(crate) fn process(&mut self, batch: Batch) {
+        self.em.refresh_routes();
+        let BoltCore { bolts, em, inputs, start, seen, stats, .. } = self;
+        for env in batch {
+            if let Envelope::Tuple { task, tuple } = env
+                && let Some(tuple) = inputs.take(tuple)
+            {
+                execute(bolts, em, *start, seen, stats, task, tuple);
+            }
+        }
+    }
+
+    /// Runs one tuple built here (a tick).
+    pub(crate) fn execute(&mut self, task: TaskId, tuple: &Tuple) {
+        execute(&mut self.bolts, &mut self.em, self.start, &mut self.seen, &self.stats, task, tuple);
+    }
+}
+
+/// Runs `tuple` through the bolt of `task`; a bolt's error is reported and fails the tuple.
+#[inline(always)]
+fn execute(
+    bolts: &mut [Box<dyn Bolt>],
+    em: &mut Emitter,
+    start: u32,
+    seen: &mut u64,
+    stats: &ExecStats,
+    task: TaskId,
+    tuple: &Tuple,
+) {
+    let Some(bolt) = bolts.get_mut(task.0.wrapping_sub(start) as usize) else { return };
+    em.task = task;
+    *seen += 1;
+    let started = seen.is_multiple_of(SAMPLE_EVERY).then(Instant::now);
+    let mut out = BoltCollector { em };
+    if let Err(e) = bolt.execute(tuple, &mut out) {
+        out.report_error(e);
+        out.fail(tuple);
+    }
+    if let Some(t) = started {
+        stats.record_execute(t.elapsed());
+    }
+}
+
+/// A bolt executor: its queue, and its state once its bolts are prepared (`None` before, and
+/// after its thread cleaned up).
+pub(crate) struct BoltCell {
+    core: Mutex<Option<BoltCore>>,
+    pub(crate) inbox: QueueReceiver<Batch>,
+}
+
+impl std::fmt::Debug for BoltCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BoltCell").finish_non_exhaustive()
+    }
+}
+
+/// The executor's state could not be taken: a bolt panicked while it was held.
+#[derive(Debug)]
+pub(crate) struct Poisoned;
+
+impl BoltCell {
+    pub(crate) fn new(inbox: QueueReceiver<Batch>) -> Arc<Self> {
+        Arc::new(BoltCell { core: Mutex::new(None), inbox })
+    }
+
+    /// The executor's state, for its own thread (waits while an upstream thread runs it).
+    pub(crate) fn lock(&self) -> Result<MutexGuard<'_, Option<BoltCore>>, Poisoned> {
+        self.core.lock().map_err(|_| Poisoned)
+    }
+
+    /// Runs `batch` on this thread when the executor is idle: nothing queued, not running
+    /// elsewhere, prepared, not multilang. Gives the batch back otherwise, to be queued.
+    pub(crate) fn try_run(&self, batch: Batch) -> Result<(), Batch> {
+        if !self.inbox.is_empty() {
+            return Err(batch);
+        }
+        let mut guard = match self.core.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::WouldBlock | TryLockError::Poisoned(_)) => return Err(batch),
+        };
+        let Some(core) = guard.as_mut().filter(|c| c.inline) else { return Err(batch) };
+        // One level: what this executor emits is queued (or run by its own thread's passes).
+        core.em.inline_ok = false;
+        // A batch queued since the look above goes first: each sender's order is kept.
+        while let Ok(b) = self.inbox.try_recv() {
+            core.process(b);
+        }
+        core.process(batch);
+        // No pacing here: this executor's thread is parked and would not wake for a held batch.
+        core.em.flush();
+        Ok(())
+    }
+}
+
+/// Turns tuples in flight into the [`Tuple`]s a bolt sees, with this executor's own copy of
+/// every stream's metadata. One `Tuple` is reused while consecutive inputs share a stream, so
+/// taking an input touches no reference count (a bolt that keeps a clone keeps its own).
+struct Inputs {
+    metas: Vec<Arc<StreamMeta>>,
+    current: Option<Tuple>,
+}
+
+impl Inputs {
+    fn new(table: &StreamTable) -> Self {
+        Inputs { metas: table.metas.iter().map(|m| Arc::new(StreamMeta::clone(m))).collect(), current: None }
+    }
+
+    /// The tuple for `sent`; `None` for a stream this worker does not know (never the case for
+    /// envelopes built in this topology).
+    fn take(&mut self, sent: Sent) -> Option<&Tuple> {
+        let Sent { values, stream, source_task, anchors } = sent;
+        match &mut self.current {
+            Some(t) if t.meta.index == stream => {
+                t.values = values;
+                t.source_task = source_task;
+                t.anchors = anchors;
+                t.ack_val = 0.into();
+            }
+            slot => {
+                let meta = self.metas.get(stream as usize)?.clone();
+                *slot = Some(Tuple { values, meta, source_task, anchors, ack_val: 0.into() });
+            }
+        }
+        self.current.as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builtin::{SentenceParams, SentenceSpout, SplitSentence, WordCount};
+    use crate::topology::TopologyBuilder;
+    use crate::tuple::{Anchors, Value};
+
+    #[test]
+    fn inputs_reuse_a_tuple_only_within_one_stream() {
+        let mut b = TopologyBuilder::new("t");
+        b.set_spout("s", 1, || SentenceSpout::new(SentenceParams::default()));
+        b.set_bolt("split", 1, SplitSentence::default).shuffle_grouping("s");
+        b.set_bolt("count", 1, WordCount::default).fields_grouping("split", ["word"]);
+        let table = StreamTable::new(&b.build().unwrap());
+        let stream_of = |c: &str| table.metas.iter().find(|m| m.component.as_str() == c).unwrap().index;
+        let (s, split) = (stream_of("s"), stream_of("split"));
+        let anchor = Anchors::One(crate::tuple::Anchor { root: 1, edge: 2 });
+        let sent = |stream, text: &str, task, anchors: &Anchors| Sent {
+            values: [Value::from(text)].into_iter().collect(),
+            stream,
+            source_task: TaskId(task),
+            anchors: anchors.clone(),
+        };
+        let mut inputs = Inputs::new(&table);
+        let mut kept = Vec::new();
+        for (stream, text, task, anchors) in [
+            (s, "a b", 1, &anchor),
+            (s, "c d", 1, &Anchors::None),
+            (split, "w", 2, &anchor),
+            (s, "e", 1, &Anchors::None),
+        ] {
+            let t = inputs.take(sent(stream, text, task, anchors)).unwrap();
+            t.ack_val.xor(7);
+            let c = t.clone();
+            assert_eq!(c.get_str(0), Some(text));
+            assert_eq!(c.source_task(), TaskId(task));
+            assert_eq!(c.anchors(), anchors.as_slice());
+            assert_eq!(c.meta.index, stream);
+            kept.push(c);
+        }
+        // A reused tuple starts from a clean ack value; clones kept by a bolt are untouched.
+        let t = inputs.take(sent(s, "f", 1, &Anchors::None)).unwrap();
+        assert_eq!(t.ack_val.get(), 0);
+        let texts: Vec<_> = kept.iter().map(|t| t.get_str(0).unwrap()).collect();
+        assert_eq!(texts, ["a b", "c d", "w", "e"]);
+        assert_eq!(kept[2].source_component().as_str(), "split");
+        assert_eq!(kept[3].source_component().as_str(), "s");
+        assert!(kept.iter().all(|t| t.ack_val.get() == 7));
+        // An index no table has is refused, not a panic.
+        assert!(inputs.take(sent(999, "x", 1, &Anchors::None)).is_none());
+    }
+}
