@@ -42,6 +42,24 @@ pub(crate) struct BoltCore {
     /// Whether upstream threads may run it (not a multilang bolt: those also wait on their
     /// subprocesses, on their own thread).
     inline: bool,
+    /// The pass's clock (`Pass`).
+    pass: Pass,
+}
+
+/// Tuples run between two looks at the clock during a pass.
+const LOOK_EVERY: u32 = 64;
+
+/// A long pass hands its partial batches over once per flush interval instead of at its end: a
+/// bolt working off a backlog (a burst of sentences after its spout was held up, ~1.2 us each
+/// in split) kept every ack of the pass until its last tuple, so each tree of a 1,000-sentence
+/// burst completed at once, over a millisecond after its first could have. The clock is read
+/// once per [`LOOK_EVERY`] tuples, and never in a pass shorter than that.
+#[derive(Debug, Default)]
+struct Pass {
+    /// Tuples run since the last look.
+    since: u32,
+    /// When the pass's partial batches were last handed over (or its first look).
+    mark: Option<Instant>,
 }
 
 impl BoltCore {
@@ -53,20 +71,48 @@ impl BoltCore {
         stats: Arc<ExecStats>,
         inline: bool,
     ) -> Self {
-        BoltCore { bolts, em, inputs: Inputs::new(table), start: start.0, seen: 0, stats, inline }
+        BoltCore {
+            bolts,
+            em,
+            inputs: Inputs::new(table),
+            start: start.0,
+            seen: 0,
+            stats,
+            inline,
+            pass: Pass::default(),
+        }
     }
 
     /// Runs every tuple of `batch`, with the routes of now.
     pub(crate) fn process(&mut self, batch: Batch) {
         self.em.refresh_routes();
-        let BoltCore { bolts, em, inputs, start, seen, stats, .. } = self;
+        let BoltCore { bolts, em, inputs, start, seen, stats, pass, .. } = self;
         for env in batch {
             if let Envelope::Tuple { task, tuple } = env
                 && let Some(tuple) = inputs.take(tuple)
             {
                 execute(bolts, em, *start, seen, stats, task, tuple);
+                pass.since += 1;
+                if pass.since >= LOOK_EVERY {
+                    pass.since = 0;
+                    let now = Instant::now();
+                    match pass.mark {
+                        Some(mark) if now.saturating_duration_since(mark) >= em.flush_interval() => {
+                            em.hand_over_partial();
+                            pass.mark = Some(now);
+                        }
+                        Some(_) => {}
+                        None => pass.mark = Some(now),
+                    }
+                }
             }
         }
+    }
+
+    /// Ends a pass: its remaining partial batches were just handed over (or held) by the
+    /// caller's flush.
+    pub(crate) fn end_pass(&mut self) {
+        self.pass = Pass::default();
     }
 
     /// Runs one tuple built here (a tick).
@@ -147,6 +193,7 @@ impl BoltCell {
         core.process(batch);
         // No pacing here: this executor's thread is parked and would not wake for a held batch.
         core.em.flush();
+        core.end_pass();
         Ok(())
     }
 }

@@ -354,6 +354,19 @@ impl Emitter {
         }
     }
 
+    /// `squall.batch.flush.interval.us`.
+    pub(crate) fn flush_interval(&self) -> Duration {
+        self.flush_interval
+    }
+
+    /// Hands over every partial batch, in the middle of a long pass (`BoltCore::process`): at
+    /// most once per flush interval, so not paced; counters are published at the pass's end.
+    pub(crate) fn hand_over_partial(&mut self) {
+        for dest in 0..self.bufs.len() {
+            self.flush_dest(dest);
+        }
+    }
+
     /// Hands over every partial batch, publishes counters and picks up new routes.
     pub(crate) fn flush(&mut self) {
         for dest in 0..self.bufs.len() {

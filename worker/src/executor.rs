@@ -720,6 +720,7 @@ fn run_bolt(
         // Publishes the counts too (emitted, acked, ...). The partial batches of the pass's
         // last batch run inline like its full ones.
         flush_at = core.em.flush_paced();
+        core.end_pass();
         core.em.inline_ok = false;
         drop(guard);
         if disconnected || shared.cancel.is_cancelled() {

@@ -671,3 +671,76 @@ fn an_idle_downstream_bolt_runs_on_its_upstreams_thread_and_keeps_each_senders_o
         }
     }
 }
+
+/// Emits `n` reliable tuples at once, and notes how many the bolt had run when the first ack
+/// came back.
+struct BurstSpout {
+    n: u64,
+    next: u64,
+    ran: Arc<AtomicU64>,
+    at_first_ack: Arc<AtomicU64>,
+    acked: Arc<AtomicU64>,
+}
+
+impl Spout for BurstSpout {
+    fn declare_outputs(&self, d: &mut OutputDeclarer) {
+        d.declare(Fields::new(["id"]));
+    }
+
+    fn next_tuple(&mut self, out: &mut SpoutCollector<'_>) -> Result<(), ComponentError> {
+        if self.next < self.n {
+            out.emit(values![self.next as i64], Some(self.next))?;
+            self.next += 1;
+        }
+        Ok(())
+    }
+
+    fn ack(&mut self, _: u64) {
+        if self.acked.fetch_add(1, Ordering::Relaxed) == 0 {
+            self.at_first_ack.store(self.ran.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+}
+
+/// Takes 100 µs per tuple, counting them, and acks each.
+struct Plodder {
+    ran: Arc<AtomicU64>,
+}
+
+impl Bolt for Plodder {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        let until = Instant::now() + Duration::from_micros(100);
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        self.ran.fetch_add(1, Ordering::Relaxed);
+        out.ack(input);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_long_pass_hands_its_acks_over_before_it_ends() {
+    // 1,000 tuples reach the bolt as one batch: a pass of ~100 ms. Its acks go to the acker
+    // (on the spout's thread) once per flush interval, so the first tree completes while the
+    // bolt is still in the first tenth of the batch, not after its last tuple.
+    let n = 1_000;
+    let (ran, at_first_ack, acked) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut b = TopologyBuilder::new("long-pass");
+    let (r, f, a) = (ran.clone(), at_first_ack.clone(), acked.clone());
+    b.set_spout("spout", 1, move || BurstSpout {
+        n,
+        next: 0,
+        ran: r.clone(),
+        at_first_ack: f.clone(),
+        acked: a.clone(),
+    });
+    let r = ran.clone();
+    b.set_bolt("plod", 1, move || Plodder { ran: r.clone() }).shuffle_grouping("spout");
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    wait_for(Duration::from_secs(60), "every tree complete", || acked.load(Ordering::Relaxed) == n);
+    cluster.shutdown(Duration::from_secs(1));
+    let first = at_first_ack.load(Ordering::Relaxed);
+    assert!(first < 600, "the first ack came back after {first} of {n} tuples ran");
+}
