@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use cluster_state::ids::TaskId;
 
-use crate::collector::{Batch, BoltCollector, Emitter, Envelope, Sent};
+use crate::collector::{Batch, BoltCollector, Emitter, Envelope, Pass, Sent};
 use crate::component::Bolt;
 use crate::executor::StreamTable;
 use crate::queue::QueueReceiver;
@@ -44,22 +44,6 @@ pub(crate) struct BoltCore {
     inline: bool,
     /// The pass's clock (`Pass`).
     pass: Pass,
-}
-
-/// Tuples run between two looks at the clock during a pass.
-const LOOK_EVERY: u32 = 64;
-
-/// A long pass hands its partial batches over once per flush interval instead of at its end: a
-/// bolt working off a backlog (a burst of sentences after its spout was held up, ~1.2 us each
-/// in split) kept every ack of the pass until its last tuple, so each tree of a 1,000-sentence
-/// burst completed at once, over a millisecond after its first could have. The clock is read
-/// once per [`LOOK_EVERY`] tuples, and never in a pass shorter than that.
-#[derive(Debug, Default)]
-struct Pass {
-    /// Tuples run since the last look.
-    since: u32,
-    /// When the pass's partial batches were last handed over (or its first look).
-    mark: Option<Instant>,
 }
 
 impl BoltCore {
@@ -92,19 +76,7 @@ impl BoltCore {
                 && let Some(tuple) = inputs.take(tuple)
             {
                 execute(bolts, em, *start, seen, stats, task, tuple);
-                pass.since += 1;
-                if pass.since >= LOOK_EVERY {
-                    pass.since = 0;
-                    let now = Instant::now();
-                    match pass.mark {
-                        Some(mark) if now.saturating_duration_since(mark) >= em.flush_interval() => {
-                            em.hand_over_partial();
-                            pass.mark = Some(now);
-                        }
-                        Some(_) => {}
-                        None => pass.mark = Some(now),
-                    }
-                }
+                pass.ran(em);
             }
         }
     }

@@ -151,6 +151,48 @@ impl Default for Pace {
     }
 }
 
+/// Tuples run (or spout rounds) between two looks at the clock during a pass.
+const LOOK_EVERY: u32 = 64;
+
+/// A long pass hands its partial batches over once per flush interval instead of at its end: a
+/// bolt working off a backlog (a burst of sentences after its spout was held up, ~1.2 us each
+/// in split) kept every ack of the pass until its last tuple, so each tree of a 1,000-sentence
+/// burst completed at once, over a millisecond after its first could have; a spout emitting
+/// such a burst kept it from split until its last sentence. The clock is read once per
+/// [`LOOK_EVERY`] tuples, and never in a pass shorter than that.
+#[derive(Debug, Default)]
+pub(crate) struct Pass {
+    /// Tuples run since the last look.
+    since: u32,
+    /// When the pass's partial batches were last handed over (or its first look).
+    mark: Option<Instant>,
+}
+
+impl Pass {
+    /// Counts one tuple (or round) of the pass, handing `em`'s partial batches over when a
+    /// flush interval passed since the last hand-over.
+    #[inline]
+    pub(crate) fn ran(&mut self, em: &mut Emitter) {
+        self.since += 1;
+        if self.since >= LOOK_EVERY {
+            self.since = 0;
+            self.look(em);
+        }
+    }
+
+    fn look(&mut self, em: &mut Emitter) {
+        let now = Instant::now();
+        match self.mark {
+            Some(mark) if now.saturating_duration_since(mark) >= em.flush_interval => {
+                em.hand_over_partial();
+                self.mark = Some(now);
+            }
+            Some(_) => {}
+            None => self.mark = Some(now),
+        }
+    }
+}
+
 /// The executor's output machinery.
 #[derive(Debug)]
 pub(crate) struct Emitter {
@@ -354,14 +396,9 @@ impl Emitter {
         }
     }
 
-    /// `squall.batch.flush.interval.us`.
-    pub(crate) fn flush_interval(&self) -> Duration {
-        self.flush_interval
-    }
-
-    /// Hands over every partial batch, in the middle of a long pass (`BoltCore::process`): at
-    /// most once per flush interval, so not paced; counters are published at the pass's end.
-    pub(crate) fn hand_over_partial(&mut self) {
+    /// Hands over every partial batch, in the middle of a long pass ([`Pass`]): at most once
+    /// per flush interval, so not paced; counters are published at the pass's end.
+    fn hand_over_partial(&mut self) {
         for dest in 0..self.bufs.len() {
             self.flush_dest(dest);
         }

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::acker::{AckLedger, AckMsg};
 use crate::bolt_cell::{BoltCell, BoltCore, Poisoned};
 use crate::collector::{
-    Batch, BoltCollector, Emitter, Envelope, ErrorSender, OutStream, SharedRoutes, SpoutCollector,
+    Batch, BoltCollector, Emitter, Envelope, ErrorSender, OutStream, Pass, SharedRoutes, SpoutCollector,
     SpoutPending, Subscriber,
 };
 use crate::component::{Bolt, Spout, TopologyContext};
@@ -361,6 +361,8 @@ fn run_spout(
         }
         let mut emitted = false;
         pending.new_pass();
+        // A burst (a rate-limited spout catching up) goes to its subscribers as it is emitted.
+        let mut pass = Pass::default();
         if active {
             'rounds: for _ in 0..batch {
                 let mut any = false;
@@ -396,6 +398,7 @@ fn run_spout(
                     break 'rounds;
                 }
                 emitted = true;
+                pass.ran(&mut em);
             }
         }
         em.acked += std::mem::take(&mut acked);

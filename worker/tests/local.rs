@@ -744,3 +744,65 @@ fn a_long_pass_hands_its_acks_over_before_it_ends() {
     let first = at_first_ack.load(Ordering::Relaxed);
     assert!(first < 600, "the first ack came back after {first} of {n} tuples ran");
 }
+
+/// Emits `n` tuples in one pass, taking 20 µs over each, counting them.
+struct SlowBurstSpout {
+    n: u64,
+    emitted: Arc<AtomicU64>,
+}
+
+impl Spout for SlowBurstSpout {
+    fn declare_outputs(&self, d: &mut OutputDeclarer) {
+        d.declare(Fields::new(["id"]));
+    }
+
+    fn next_tuple(&mut self, out: &mut SpoutCollector<'_>) -> Result<(), ComponentError> {
+        let next = self.emitted.load(Ordering::Relaxed);
+        if next < self.n {
+            let until = Instant::now() + Duration::from_micros(20);
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+            out.emit(values![next as i64], None)?;
+            self.emitted.store(next + 1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// Notes how many tuples the spout had emitted when the first one arrived.
+struct FirstArrival {
+    emitted: Arc<AtomicU64>,
+    at_first: Arc<AtomicU64>,
+    seen: Arc<AtomicU64>,
+}
+
+impl Bolt for FirstArrival {
+    fn execute(&mut self, _: &Tuple, _: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        if self.seen.fetch_add(1, Ordering::Relaxed) == 0 {
+            self.at_first.store(self.emitted.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_spouts_long_pass_hands_its_tuples_over_as_it_emits() {
+    // 1,000 tuples emitted in one pass of ~20 ms (fewer than a batch): the bolt gets the first
+    // ones while the spout is still emitting, not after its last.
+    let n = 1_000;
+    let (emitted, at_first, seen) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut b = TopologyBuilder::new("long-spout-pass");
+    b.config(config(|c| c.acker_executors = Some(0)));
+    let e = emitted.clone();
+    b.set_spout("spout", 1, move || SlowBurstSpout { n, emitted: e.clone() });
+    let (e, f, s) = (emitted.clone(), at_first.clone(), seen.clone());
+    b.set_bolt("first", 1, move || FirstArrival { emitted: e.clone(), at_first: f.clone(), seen: s.clone() })
+        .shuffle_grouping("spout");
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    wait_for(Duration::from_secs(60), "every tuple delivered", || seen.load(Ordering::Relaxed) == n);
+    cluster.shutdown(Duration::from_secs(1));
+    let first = at_first.load(Ordering::Relaxed);
+    assert!(first < 600, "the first tuple arrived after {first} of {n} were emitted");
+}
