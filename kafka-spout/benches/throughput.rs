@@ -19,7 +19,7 @@
 //! Knobs for investigating: `SQUALL_BENCH_ACKERS` (`0`: acking off), `SQUALL_BENCH_SPOUT_WAIT_MS`,
 //! `SQUALL_BENCH_RDKAFKA` (`key=value,...` passed to the spout's librdkafka consumer),
 //! `SQUALL_BENCH_TIMELINE` (set: print the spout's acked count every 100 ms, to see stalls).
-//! `SQUALL_BENCH_INLINE=0` turns `squall.executor.inline.downstream` off in the word count.
+//! `SQUALL_BENCH_INLINE=1|0` turns `squall.executor.inline.downstream` on or off in the word count.
 //! `SQUALL_BENCH_THREADS` (set: per thread of the spout topology, time on a CPU, runnable and
 //! asleep during the run: says whether the spout thread computes or waits).
 //! The spout's registry is the in-memory ensemble: ZooKeeper only sees a commit every
@@ -490,8 +490,9 @@ fn spout_word_count(broker: &tansu::Tansu, n: u64, run: usize) -> Run {
     let mut builder = TopologyBuilder::new("kafka-words");
     builder.config(TopologyConfig {
         max_spout_pending: Some(20_000),
-        // `SQUALL_BENCH_INLINE=0`: split never counts its words on its own thread.
-        inline_downstream: std::env::var("SQUALL_BENCH_INLINE").map_or(true, |v| v != "0"),
+        // `SQUALL_BENCH_INLINE=1|0`: whether split may count its words on its own thread.
+        inline_downstream: std::env::var("SQUALL_BENCH_INLINE")
+            .map_or(TopologyConfig::default().inline_downstream, |v| v != "0"),
         ..TopologyConfig::default()
     });
     builder.set_spout("kafka", 1, move || KafkaSpout::new(config.clone(), env.clone()));

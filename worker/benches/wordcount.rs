@@ -25,7 +25,7 @@
 //! `cargo bench -p worker --bench wordcount [-- <sentences> [--only hop|wc|latency|two]]` (default
 //! 2,000,000);
 //! `BATCH=<n>` overrides `topology.producer.batch.size`, `FLUSH_US=<n>`
-//! `squall.batch.flush.interval.us`, `INLINE=0` turns `squall.executor.inline.downstream` off.
+//! `squall.batch.flush.interval.us`, `INLINE=1|0` turns `squall.executor.inline.downstream` on or off.
 
 #[path = "wordcount/floor.rs"]
 mod floor;
@@ -118,9 +118,10 @@ fn flush_us() -> u64 {
     env_or("FLUSH_US", TopologyConfig::default().batch_flush_interval_us)
 }
 
-/// `INLINE=0` turns `squall.executor.inline.downstream` off (default on).
+/// `INLINE=1` turns `squall.executor.inline.downstream` on, `INLINE=0` off (default: the key's
+/// default).
 fn inline_downstream() -> bool {
-    env_or("INLINE", 1) != 0
+    env_or("INLINE", u8::from(TopologyConfig::default().inline_downstream)) != 0
 }
 
 fn topology(acking: bool, count: Option<u64>, rate: Option<f64>) -> worker::Topology {

@@ -430,7 +430,9 @@ mod tests {
     /// by a bolt it feeds, has; and the key turns it off.
     #[test]
     fn downstream_runs_inline_only_without_cycles_and_when_configured() {
+        let on = TopologyConfig { inline_downstream: true, ..TopologyConfig::default() };
         let mut b = TopologyBuilder::new("dag");
+        b.config(on.clone());
         b.set_spout("s", 1, sentences);
         b.set_bolt("split", 2, SplitSentence::default).shuffle_grouping("s");
         b.set_bolt("count", 2, WordCount::default).fields_grouping("split", ["word"]).shuffle_grouping("s");
@@ -445,6 +447,7 @@ mod tests {
         assert!(!runs_downstream_inline(&b.build().unwrap()));
 
         let mut b = TopologyBuilder::new("self");
+        b.config(on);
         b.set_spout("s", 1, sentences);
         b.set_bolt("split", 1, SplitSentence::default).shuffle_grouping("s").shuffle_grouping("split");
         let own = b.build().unwrap();
