@@ -129,27 +129,13 @@ impl<T> QueueReceiver<T> {
             Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
             Err(TryRecvError::Empty) => {}
         }
-        let deadline = Instant::now() + timeout;
-        {
-            let mut thread = self.bell.thread.lock().unwrap_or_else(PoisonError::into_inner);
-            if thread.as_ref().is_none_or(|t| t.id() != std::thread::current().id()) {
-                *thread = Some(std::thread::current());
-            }
-        }
-        loop {
-            self.bell.waiting.store(true, Ordering::Relaxed);
-            fence(Ordering::SeqCst);
-            let got = self.rx.try_recv();
-            if !matches!(got, Err(TryRecvError::Empty)) {
-                self.bell.waiting.store(false, Ordering::Relaxed);
-                return got.map_err(|_| RecvTimeoutError::Disconnected);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                self.bell.waiting.store(false, Ordering::Relaxed);
-                return Err(RecvTimeoutError::Timeout);
-            }
-            std::thread::park_timeout(deadline - now);
+        match self.park_until(timeout, || match self.rx.try_recv() {
+            Err(TryRecvError::Empty) => None,
+            got => Some(got),
+        }) {
+            Some(Ok(v)) => Ok(v),
+            Some(Err(_)) => Err(RecvTimeoutError::Disconnected),
+            None => Err(RecvTimeoutError::Timeout),
         }
     }
 
@@ -162,6 +148,12 @@ impl<T> QueueReceiver<T> {
         if !self.rx.is_empty() {
             return true;
         }
+        self.park_until(timeout, || (!self.rx.is_empty()).then_some(())).is_some()
+    }
+
+    /// Parks this thread until `look` finds something (`Some`) or `timeout` passes (`None`):
+    /// it says it waits before each look, so a sender's ring after the look unparks it.
+    fn park_until<R>(&self, timeout: Duration, look: impl Fn() -> Option<R>) -> Option<R> {
         let deadline = Instant::now() + timeout;
         {
             let mut thread = self.bell.thread.lock().unwrap_or_else(PoisonError::into_inner);
@@ -172,11 +164,11 @@ impl<T> QueueReceiver<T> {
         loop {
             self.bell.waiting.store(true, Ordering::Relaxed);
             fence(Ordering::SeqCst);
-            let ready = !self.rx.is_empty();
+            let found = look();
             let now = Instant::now();
-            if ready || now >= deadline {
+            if found.is_some() || now >= deadline {
                 self.bell.waiting.store(false, Ordering::Relaxed);
-                return ready;
+                return found;
             }
             std::thread::park_timeout(deadline - now);
         }
