@@ -1,7 +1,7 @@
 //! Built-in components: the benchmark's sentence generator, word split, word count, a filter,
 //! and log / stdout sinks. Registered under the names in [`crate::flux::Registry::with_builtins`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use crate::collector::{BoltCollector, SpoutCollector};
 use crate::component::{Bolt, ComponentError, OutputDeclarer, Spout, TopologyContext};
-use crate::tuple::{Fields, Text, TextCache, TextHasher, Tuple, Value};
+use crate::tuple::{Fields, Text, TextCache, TextHasher, TextRef, Tuple, Value};
 
 /// The reference corpus's 32 words, in order (BENCHMARKS.md).
 pub const WORDS: [&str; 32] = [
@@ -257,18 +257,18 @@ impl Default for WordCountParams {
 #[derive(Debug, Default)]
 pub struct WordCount {
     params: WordCountParams,
-    counts: HashMap<Text, i64, TextHasher>,
+    counts: hashbrown::HashMap<Text, i64, TextHasher>,
 }
 
 impl WordCount {
     /// A counter with these parameters.
     pub fn new(params: WordCountParams) -> Self {
-        WordCount { params, counts: HashMap::default() }
+        WordCount { params, counts: hashbrown::HashMap::default() }
     }
 
     /// The count of `word` so far.
     pub fn count(&self, word: &str) -> i64 {
-        self.counts.get(word).copied().unwrap_or(0)
+        self.counts.get(&TextRef(word)).copied().unwrap_or(0)
     }
 }
 
@@ -279,7 +279,7 @@ impl Bolt for WordCount {
 
     fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
         if let Some(Value::Str(word)) = input.get(0) {
-            let count = match self.counts.get_mut(&**word) {
+            let count = match self.counts.get_mut(&TextRef(word)) {
                 Some(c) => {
                     *c += 1;
                     *c
