@@ -142,12 +142,25 @@ struct Pace {
     /// it grown (a pass added to it).
     seen: usize,
     merged: bool,
+    /// Batches sent so far (wrapping), and its value at a long pass's last look (`Pass`) when
+    /// the batch was open then: a batch still open at the next look with no batch sent in
+    /// between has waited a whole interval and is handed over; a younger one waits.
+    sent: u32,
+    open_at_look: Option<u32>,
 }
 
 impl Default for Pace {
     fn default() -> Self {
         let now = Instant::now();
-        Pace { last: now, window: (now, 0), holding: false, seen: 0, merged: false }
+        Pace {
+            last: now,
+            window: (now, 0),
+            holding: false,
+            seen: 0,
+            merged: false,
+            sent: 0,
+            open_at_look: None,
+        }
     }
 }
 
@@ -159,7 +172,10 @@ const LOOK_EVERY: u32 = 64;
 /// in split) kept every ack of the pass until its last tuple, so each tree of a 1,000-sentence
 /// burst completed at once, over a millisecond after its first could have; a spout emitting
 /// such a burst kept it from split until its last sentence. The clock is read once per
-/// [`LOOK_EVERY`] tuples, and never in a pass shorter than that.
+/// [`LOOK_EVERY`] tuples, and never in a pass shorter than that. Only a batch that was already
+/// open at the previous look goes: under load every pass is long, and handing over each
+/// batch at every look halved the batches to a destination they fill within an interval
+/// (words to count over TCP: word count over two processes did 15% fewer words per CPU-s).
 #[derive(Debug, Default)]
 pub(crate) struct Pass {
     /// Tuples run since the last look.
@@ -188,7 +204,11 @@ impl Pass {
                 self.mark = Some(now);
             }
             Some(_) => {}
-            None => self.mark = Some(now),
+            None => {
+                // The pass's first look: the batches open now are handed over at the next.
+                em.note_open_batches();
+                self.mark = Some(now);
+            }
         }
     }
 }
@@ -362,6 +382,9 @@ impl Emitter {
         // are large, and an executor has one per destination).
         let cap = self.bufs[dest].len();
         let batch = std::mem::replace(&mut self.bufs[dest], Vec::with_capacity(cap));
+        if let Some(pace) = self.paces.get_mut(dest) {
+            pace.sent = pace.sent.wrapping_add(1);
+        }
         // A closed queue means its executor or connection is gone (shutdown or reconnect):
         // drop the batch, acking replays what mattered.
         match self.routes.dests[dest].try_send(batch) {
@@ -398,9 +421,29 @@ impl Emitter {
 
     /// Hands over every partial batch, in the middle of a long pass ([`Pass`]): at most once
     /// per flush interval, so not paced; counters are published at the pass's end.
+    /// Notes which batches are open, for the next `hand_over_partial`.
+    fn note_open_batches(&mut self) {
+        for (pace, buf) in self.paces.iter_mut().zip(&self.bufs) {
+            pace.open_at_look = (!buf.is_empty()).then_some(pace.sent);
+        }
+    }
+
+    /// A long pass's look, once per flush interval: hands over the partial batches open since
+    /// the last look.
     fn hand_over_partial(&mut self) {
         for dest in 0..self.bufs.len() {
-            self.flush_dest(dest);
+            let Some(pace) = self.paces.get_mut(dest) else { continue };
+            if self.bufs[dest].is_empty() {
+                pace.open_at_look = None;
+            } else if pace.open_at_look == Some(pace.sent) {
+                // Open since the last look: it waited an interval.
+                pace.open_at_look = None;
+                self.flush_dest(dest);
+            } else {
+                // Opened since the last look (a destination whose batches fill within an
+                // interval under load, say): handing it over now would only make it smaller.
+                pace.open_at_look = Some(pace.sent);
+            }
         }
     }
 
