@@ -419,8 +419,6 @@ impl Emitter {
         }
     }
 
-    /// Hands over every partial batch, in the middle of a long pass ([`Pass`]): at most once
-    /// per flush interval, so not paced; counters are published at the pass's end.
     /// Notes which batches are open, for the next `hand_over_partial`.
     fn note_open_batches(&mut self) {
         for (pace, buf) in self.paces.iter_mut().zip(&self.bufs) {
@@ -428,23 +426,19 @@ impl Emitter {
         }
     }
 
-    /// A long pass's look, once per flush interval: hands over the partial batches open since
-    /// the last look.
+    /// A long pass's look ([`Pass`]), at most once per flush interval, so not paced: hands
+    /// over the partial batches open since the last look (a batch opened since then, at a
+    /// destination whose batches fill within an interval under load, say, would only be cut
+    /// short), then notes the open ones for the next. Counters are published at the pass's end.
     fn hand_over_partial(&mut self) {
         for dest in 0..self.bufs.len() {
-            let Some(pace) = self.paces.get_mut(dest) else { continue };
-            if self.bufs[dest].is_empty() {
-                pace.open_at_look = None;
-            } else if pace.open_at_look == Some(pace.sent) {
-                // Open since the last look: it waited an interval.
-                pace.open_at_look = None;
+            if !self.bufs[dest].is_empty()
+                && self.paces.get(dest).is_some_and(|p| p.open_at_look == Some(p.sent))
+            {
                 self.flush_dest(dest);
-            } else {
-                // Opened since the last look (a destination whose batches fill within an
-                // interval under load, say): handing it over now would only make it smaller.
-                pace.open_at_look = Some(pace.sent);
             }
         }
+        self.note_open_batches();
     }
 
     /// Hands over every partial batch, publishes counters and picks up new routes.

@@ -206,7 +206,7 @@ impl hashbrown::Equivalent<Text> for TextRef<'_> {
 /// `a == b`; up to 16 bytes (most words and keys) by two overlapping loads of each side instead
 /// of a call to `memcmp`.
 #[inline]
-pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }
