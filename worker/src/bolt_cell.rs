@@ -18,7 +18,6 @@
 //! order of the topology and every wait for a full queue ends downstream: no deadlock.
 
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
-use std::time::Instant;
 
 use cluster_state::ids::TaskId;
 
@@ -26,7 +25,7 @@ use crate::collector::{Batch, BoltCollector, Emitter, Envelope, Pass, Sent};
 use crate::component::Bolt;
 use crate::executor::StreamTable;
 use crate::queue::QueueReceiver;
-use crate::stats::{ExecStats, SAMPLE_EVERY};
+use crate::stats::{ExecStats, ExecuteSamples, SAMPLE_EVERY};
 use crate::tuple::{StreamMeta, Tuple};
 
 /// What runs a bolt executor's tuples, on whichever thread holds it.
@@ -38,6 +37,9 @@ pub(crate) struct BoltCore {
     start: u32,
     /// Tuples executed, for sampling the execute latency.
     seen: u64,
+    /// Execute latencies sampled in this batch (added to `stats` at its end).
+    samples: ExecuteSamples,
+    clock: &'static quanta::Clock,
     stats: Arc<ExecStats>,
     /// Whether upstream threads may run it (not a multilang bolt: those also wait on their
     /// subprocesses, on their own thread).
@@ -61,6 +63,8 @@ impl BoltCore {
             inputs: Inputs::new(table),
             start: start.0,
             seen: 0,
+            samples: ExecuteSamples::default(),
+            clock: crate::stats::sample_clock(),
             stats,
             inline,
             pass: Pass::default(),
@@ -70,15 +74,16 @@ impl BoltCore {
     /// Runs every tuple of `batch`, with the routes of now.
     pub(crate) fn process(&mut self, batch: Batch) {
         self.em.refresh_routes();
-        let BoltCore { bolts, em, inputs, start, seen, stats, pass, .. } = self;
+        let BoltCore { bolts, em, inputs, start, seen, samples, clock, stats, pass, .. } = self;
         for env in batch {
             if let Envelope::Tuple { task, tuple } = env
                 && let Some(tuple) = inputs.take(tuple)
             {
-                execute(bolts, em, *start, seen, stats, task, tuple);
+                execute(bolts, em, *start, seen, (samples, clock), task, tuple);
                 pass.ran(em);
             }
         }
+        samples.publish(stats);
     }
 
     /// Ends a pass: its remaining partial batches were just handed over (or held) by the
@@ -89,7 +94,16 @@ impl BoltCore {
 
     /// Runs one tuple built here (a tick).
     pub(crate) fn execute(&mut self, task: TaskId, tuple: &Tuple) {
-        execute(&mut self.bolts, &mut self.em, self.start, &mut self.seen, &self.stats, task, tuple);
+        execute(
+            &mut self.bolts,
+            &mut self.em,
+            self.start,
+            &mut self.seen,
+            (&mut self.samples, self.clock),
+            task,
+            tuple,
+        );
+        self.samples.publish(&self.stats);
     }
 }
 
@@ -100,21 +114,21 @@ fn execute(
     em: &mut Emitter,
     start: u32,
     seen: &mut u64,
-    stats: &ExecStats,
+    (samples, clock): (&mut ExecuteSamples, &quanta::Clock),
     task: TaskId,
     tuple: &Tuple,
 ) {
     let Some(bolt) = bolts.get_mut(task.0.wrapping_sub(start) as usize) else { return };
     em.task = task;
     *seen += 1;
-    let started = seen.is_multiple_of(SAMPLE_EVERY).then(Instant::now);
+    let started = seen.is_multiple_of(SAMPLE_EVERY).then(|| clock.raw());
     let mut out = BoltCollector { em };
     if let Err(e) = bolt.execute(tuple, &mut out) {
         out.report_error(e);
         out.fail(tuple);
     }
     if let Some(t) = started {
-        stats.record_execute(t.elapsed());
+        samples.record(clock.delta_as_nanos(t, clock.raw()));
     }
 }
 
