@@ -128,7 +128,9 @@ impl Chooser {
         };
         let only = match &kind {
             Kind::Shuffle(s) => <[TaskId; 1]>::try_from(s.order.as_slice()).ok().map(|[t]| t),
-            Kind::Fields { tasks, .. } | Kind::All(tasks) => <[TaskId; 1]>::try_from(tasks.as_slice()).ok().map(|[t]| t),
+            Kind::Fields { tasks, .. } | Kind::All(tasks) => {
+                <[TaskId; 1]>::try_from(tasks.as_slice()).ok().map(|[t]| t)
+            }
             Kind::Global(t) => *t,
             Kind::Direct => None,
         };
