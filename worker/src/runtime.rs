@@ -135,6 +135,9 @@ impl WorkerRuntime {
             inboxes,
             cells,
         };
+        // Calibrated (~1 ms, at most 200 ms on a stalled host) before any executor runs, not
+        // on the first bolt's thread while spouts already emit.
+        crate::stats::sample_clock();
         for (id, component, local, rx) in queues {
             match executor::spawn(&shared, id, component, rx, &local, fused.get(&id).copied(), inline) {
                 Ok((e, acker)) => runtime.executors.extend(std::iter::once(e).chain(acker)),

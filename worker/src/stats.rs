@@ -37,7 +37,7 @@ const LATENCY_BUCKETS_NS: [u64; LATENCY_BUCKETS.len()] = [
 /// The clock that times sampled executes: the CPU's time-stamp counter where it runs at a
 /// constant rate (x86-64 with an invariant TSC, AArch64), read without the fence of
 /// `Instant::now` and scaled to nanoseconds by a calibration done once per process (at most
-/// 200 ms, at the first bolt executor's start); the monotonic clock elsewhere.
+/// 200 ms, as a worker starts its executors); the monotonic clock elsewhere.
 pub(crate) fn sample_clock() -> &'static quanta::Clock {
     static CLOCK: std::sync::OnceLock<quanta::Clock> = std::sync::OnceLock::new();
     CLOCK.get_or_init(quanta::Clock::new)
