@@ -39,7 +39,6 @@ pub(crate) struct BoltCore {
     seen: u64,
     /// Execute latencies sampled in this batch (added to `stats` at its end).
     samples: ExecuteSamples,
-    clock: &'static quanta::Clock,
     stats: Arc<ExecStats>,
     /// Whether upstream threads may run it (not a multilang bolt: those also wait on their
     /// subprocesses, on their own thread).
@@ -63,8 +62,7 @@ impl BoltCore {
             inputs: Inputs::new(table),
             start: start.0,
             seen: 0,
-            samples: ExecuteSamples::default(),
-            clock: crate::stats::sample_clock(),
+            samples: ExecuteSamples::new(),
             stats,
             inline,
             pass: Pass::default(),
@@ -74,12 +72,12 @@ impl BoltCore {
     /// Runs every tuple of `batch`, with the routes of now.
     pub(crate) fn process(&mut self, batch: Batch) {
         self.em.refresh_routes();
-        let BoltCore { bolts, em, inputs, start, seen, samples, clock, stats, pass, .. } = self;
+        let BoltCore { bolts, em, inputs, start, seen, samples, stats, pass, .. } = self;
         for env in batch {
             if let Envelope::Tuple { task, tuple } = env
                 && let Some(tuple) = inputs.take(tuple)
             {
-                execute(bolts, em, *start, seen, (samples, clock), task, tuple);
+                execute(bolts, em, *start, seen, samples, task, tuple);
                 pass.ran(em);
             }
         }
@@ -94,15 +92,7 @@ impl BoltCore {
 
     /// Runs one tuple built here (a tick).
     pub(crate) fn execute(&mut self, task: TaskId, tuple: &Tuple) {
-        execute(
-            &mut self.bolts,
-            &mut self.em,
-            self.start,
-            &mut self.seen,
-            (&mut self.samples, self.clock),
-            task,
-            tuple,
-        );
+        execute(&mut self.bolts, &mut self.em, self.start, &mut self.seen, &mut self.samples, task, tuple);
         self.samples.publish(&self.stats);
     }
 }
@@ -114,21 +104,21 @@ fn execute(
     em: &mut Emitter,
     start: u32,
     seen: &mut u64,
-    (samples, clock): (&mut ExecuteSamples, &quanta::Clock),
+    samples: &mut ExecuteSamples,
     task: TaskId,
     tuple: &Tuple,
 ) {
     let Some(bolt) = bolts.get_mut(task.0.wrapping_sub(start) as usize) else { return };
     em.task = task;
     *seen += 1;
-    let started = seen.is_multiple_of(SAMPLE_EVERY).then(|| clock.raw());
+    let started = seen.is_multiple_of(SAMPLE_EVERY).then(|| samples.start());
     let mut out = BoltCollector { em };
     if let Err(e) = bolt.execute(tuple, &mut out) {
         out.report_error(e);
         out.fail(tuple);
     }
     if let Some(t) = started {
-        samples.record(clock.delta_as_nanos(t, clock.raw()));
+        samples.record_since(t);
     }
 }
 

@@ -126,11 +126,13 @@ impl Chooser {
             Grouping::Global => Kind::Global(tasks.first().copied()),
             Grouping::Direct => Kind::Direct,
         };
+        let sole = |tasks: &[TaskId]| match tasks {
+            [t] => Some(*t),
+            _ => None,
+        };
         let only = match &kind {
-            Kind::Shuffle(s) => <[TaskId; 1]>::try_from(s.order.as_slice()).ok().map(|[t]| t),
-            Kind::Fields { tasks, .. } | Kind::All(tasks) => {
-                <[TaskId; 1]>::try_from(tasks.as_slice()).ok().map(|[t]| t)
-            }
+            Kind::Shuffle(s) => sole(&s.order),
+            Kind::Fields { tasks, .. } | Kind::All(tasks) => sole(tasks),
             Kind::Global(t) => *t,
             Kind::Direct => None,
         };

@@ -18,21 +18,16 @@ pub(crate) const SAMPLE_EVERY: u64 = 20;
 pub const LATENCY_BUCKETS: [f64; 12] =
     [0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
 
-/// [`LATENCY_BUCKETS`] in nanoseconds, for sorting a sample without floating point.
-const LATENCY_BUCKETS_NS: [u64; LATENCY_BUCKETS.len()] = [
-    10_000,
-    50_000,
-    100_000,
-    500_000,
-    1_000_000,
-    5_000_000,
-    10_000_000,
-    50_000_000,
-    100_000_000,
-    500_000_000,
-    1_000_000_000,
-    5_000_000_000,
-];
+/// [`LATENCY_BUCKETS`] in nanoseconds (rounded), for sorting a sample without floating point.
+const LATENCY_BUCKETS_NS: [u64; LATENCY_BUCKETS.len()] = {
+    let mut ns = [0; LATENCY_BUCKETS.len()];
+    let mut i = 0;
+    while i < ns.len() {
+        ns[i] = (LATENCY_BUCKETS[i] * 1e9 + 0.5) as u64;
+        i += 1;
+    }
+    ns
+};
 
 /// The clock that times sampled executes: the CPU's time-stamp counter where it runs at a
 /// constant rate (x86-64 with an invariant TSC, AArch64), read without the fence of
@@ -44,19 +39,37 @@ pub(crate) fn sample_clock() -> &'static quanta::Clock {
 }
 
 /// Execute latencies one executor thread sampled since it last added them to its
-/// [`ExecStats`]: plain counters, added once per batch ([`ExecuteSamples::publish`]). Three
-/// atomic adds and a search over floats per sample cost a counting bolt ~5% of its words per
-/// CPU-s.
-#[derive(Debug, Default)]
+/// [`ExecStats`], timed by [`sample_clock`]: plain counters, added once per batch
+/// ([`ExecuteSamples::publish`]). Three atomic adds and a search over floats per sample cost a
+/// counting bolt ~5% of its words per CPU-s.
+#[derive(Debug)]
 pub(crate) struct ExecuteSamples {
+    clock: &'static quanta::Clock,
     ns: u64,
     count: u64,
     buckets: [u64; LATENCY_BUCKETS.len() + 1],
 }
 
 impl ExecuteSamples {
+    pub(crate) fn new() -> Self {
+        ExecuteSamples { clock: sample_clock(), ns: 0, count: 0, buckets: [0; LATENCY_BUCKETS.len() + 1] }
+    }
+
+    /// The clock's reading now, to start timing an execute.
     #[inline]
-    pub(crate) fn record(&mut self, ns: u64) {
+    pub(crate) fn start(&self) -> u64 {
+        self.clock.raw()
+    }
+
+    /// Records the execute timed from `started` (a [`Self::start`]) until now.
+    #[inline]
+    pub(crate) fn record_since(&mut self, started: u64) {
+        let ns = self.clock.delta_as_nanos(started, self.clock.raw());
+        self.record(ns);
+    }
+
+    #[inline]
+    fn record(&mut self, ns: u64) {
         self.ns = self.ns.saturating_add(ns);
         self.count += 1;
         let bucket = LATENCY_BUCKETS_NS.iter().position(|&b| ns <= b).unwrap_or(LATENCY_BUCKETS_NS.len());
@@ -70,12 +83,12 @@ impl ExecuteSamples {
         }
         stats.execute_ns.fetch_add(self.ns, Ordering::Relaxed);
         stats.execute_samples.fetch_add(self.count, Ordering::Relaxed);
-        for (total, n) in stats.execute_buckets.iter().zip(&self.buckets) {
+        for (total, n) in stats.execute_buckets.iter().zip(&mut self.buckets) {
             if *n > 0 {
-                total.fetch_add(*n, Ordering::Relaxed);
+                total.fetch_add(std::mem::take(n), Ordering::Relaxed);
             }
         }
-        *self = ExecuteSamples::default();
+        (self.ns, self.count) = (0, 0);
     }
 }
 
@@ -264,7 +277,7 @@ mod tests {
         let stats = ExecStats::new(
             ExecutorId::new(cluster_state::ids::TaskId(1), cluster_state::ids::TaskId(1)).unwrap(),
         );
-        let mut samples = ExecuteSamples::default();
+        let mut samples = ExecuteSamples::new();
         // On a bound, just above it, past the last bound.
         for ns in [10_000, 10_001, 7_000_000_000] {
             samples.record(ns);
