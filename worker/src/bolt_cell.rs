@@ -160,16 +160,26 @@ impl BoltCell {
             Err(TryLockError::WouldBlock | TryLockError::Poisoned(_)) => return Err(batch),
         };
         let Some(core) = guard.as_mut().filter(|c| c.inline) else { return Err(batch) };
-        // One level: what this executor emits is queued (or run by its own thread's passes).
-        core.em.inline_ok = false;
-        // A batch queued since the look above goes first: each sender's order is kept.
-        while let Ok(b) = self.inbox.try_recv() {
-            core.process(b);
+        // A bolt that panics here stops its own executor, as on its own thread, and not the
+        // upstream one whose thread it borrowed: its state is dropped, and its thread, finding
+        // none, ends.
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // One level: what this executor emits is queued (or run by its own thread's passes).
+            core.em.inline_ok = false;
+            // A batch queued since the look above goes first: each sender's order is kept.
+            while let Ok(b) = self.inbox.try_recv() {
+                core.process(b);
+            }
+            core.process(batch);
+            // No pacing here: this executor's thread is parked and would not wake for a held
+            // batch.
+            core.em.flush();
+            core.end_pass();
+        }));
+        if ran.is_err() {
+            tracing::error!(component = %core.em.component, "a bolt panicked while run on an upstream executor's thread; its executor stops");
+            *guard = None;
         }
-        core.process(batch);
-        // No pacing here: this executor's thread is parked and would not wake for a held batch.
-        core.em.flush();
-        core.end_pass();
         Ok(())
     }
 }

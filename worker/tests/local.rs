@@ -672,6 +672,85 @@ fn an_idle_downstream_bolt_runs_on_its_upstreams_thread_and_keeps_each_senders_o
     }
 }
 
+/// Counts the tuples it runs and passes each on, anchored.
+struct CountingRelay {
+    ran: Arc<AtomicU64>,
+}
+
+impl Bolt for CountingRelay {
+    fn declare_outputs(&self, d: &mut OutputDeclarer) {
+        d.declare(Fields::new(["id"]));
+    }
+
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        self.ran.fetch_add(1, Ordering::Relaxed);
+        out.emit(&[input], values![input.get_int(0).unwrap_or(-1)])?;
+        out.ack(input);
+        Ok(())
+    }
+}
+
+/// Acks on its own thread; panics when run on another (inline, on an upstream executor's).
+struct PanicsInline {
+    panicked: Arc<AtomicBool>,
+}
+
+impl Bolt for PanicsInline {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        let thread = std::thread::current().name().unwrap_or("").to_owned();
+        if !thread.starts_with("sink-") {
+            self.panicked.store(true, Ordering::Relaxed);
+            panic!("the sink ran on {thread}");
+        }
+        out.ack(input);
+        Ok(())
+    }
+}
+
+/// Emits ids `0..n` unreliably, one every 50 us: a light load, at which the bolts behind it
+/// are idle most of the time.
+struct PacedSpout {
+    n: u64,
+    next: u64,
+    due: Option<Instant>,
+}
+
+impl Spout for PacedSpout {
+    fn declare_outputs(&self, d: &mut OutputDeclarer) {
+        d.declare(Fields::new(["id"]));
+    }
+
+    fn next_tuple(&mut self, out: &mut SpoutCollector<'_>) -> Result<(), ComponentError> {
+        let now = Instant::now();
+        if self.next < self.n && self.due.is_none_or(|d| now >= d) {
+            out.emit(values![self.next as i64], None)?;
+            self.next += 1;
+            self.due = Some(now + Duration::from_micros(50));
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_bolt_that_panics_while_run_inline_stops_its_executor_not_the_upstream_one() {
+    let n = 1_000;
+    let (ran, panicked) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+    let mut b = TopologyBuilder::new("panics-inline");
+    b.config(config(|c| c.inline_downstream = true));
+    b.set_spout("spout", 1, move || PacedSpout { n, next: 0, due: None });
+    let counted = ran.clone();
+    b.set_bolt("relay", 1, move || CountingRelay { ran: counted.clone() }).shuffle_grouping("spout");
+    let p = panicked.clone();
+    b.set_bolt("sink", 1, move || PanicsInline { panicked: p.clone() }).global_grouping("relay");
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    wait_for(Duration::from_secs(60), "the sink ran on the relay's thread", || {
+        panicked.load(Ordering::Relaxed)
+    });
+    // The relay's thread lived on: it runs every tuple the spout emits.
+    wait_for(Duration::from_secs(60), "the relay ran every tuple", || ran.load(Ordering::Relaxed) == n);
+    cluster.shutdown(Duration::from_secs(1));
+}
+
 /// Emits `n` reliable tuples at once, and notes how many the bolt had run when the first ack
 /// came back.
 struct BurstSpout {
