@@ -16,6 +16,10 @@
 //! an executor run inline queues its own output. The worker turns it on only for topologies
 //! without cycles (`squall.executor.inline.downstream`), so the threads hold these locks in the
 //! order of the topology and every wait for a full queue ends downstream: no deadlock.
+//!
+//! A bolt that panics while run inline is caught on the borrowed thread: its executor's state is
+//! dropped, so its own thread ends as if the panic had happened there, and the upstream executor
+//! goes on.
 
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
