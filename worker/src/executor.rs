@@ -118,6 +118,27 @@ pub(crate) struct RunningExecutor {
     pub(crate) stats: Arc<ExecStats>,
     pub(crate) thread: Option<JoinHandle<()>>,
     pub(crate) is_spout: bool,
+    /// Set when its thread ended because a spout or bolt panicked (on its own thread, or, for a
+    /// bolt, on an upstream thread that ran it inline). Shared by an acker run on a spout's
+    /// thread: the acker dies with it.
+    pub(crate) died: Arc<AtomicBool>,
+}
+
+/// Marks an executor dead when its thread unwinds (a spout or bolt panicked), or when told.
+struct DeathWatch(Arc<AtomicBool>);
+
+impl DeathWatch {
+    fn died(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for DeathWatch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.died();
+        }
+    }
 }
 
 /// The inbound queue of an executor of `component`: bounded for bolts, unbounded otherwise.
@@ -189,6 +210,8 @@ pub(crate) fn spawn(
     inline: bool,
 ) -> Result<(RunningExecutor, Option<RunningExecutor>)> {
     let stats = Arc::new(ExecStats::new(id));
+    let died = Arc::new(AtomicBool::new(false));
+    let watch = DeathWatch(died.clone());
     let tasks: Vec<TaskId> = id.tasks().collect();
     let emitter = emitter_of(shared, id, &component, local_tasks, stats.clone());
     let acker = fused_acker.and_then(|acker_id| {
@@ -201,6 +224,7 @@ pub(crate) fn spawn(
             stats: acker_stats,
             thread: None,
             is_spout: false,
+            died: died.clone(),
         };
         Some((em, entry))
     });
@@ -223,7 +247,11 @@ pub(crate) fn spawn(
         (Some(ComponentKind::Spout(factory)), ExecutorInbox::Queue(inbox)) => {
             let spouts: Vec<Box<dyn Spout>> = tasks.iter().map(|_| factory()).collect();
             let st = stats.clone();
-            (builder.spawn(move || run_spout(shared2, emitter, inbox, spouts, contexts, st, acker_em)), true)
+            let spawned = builder.spawn(move || {
+                let _watch = watch;
+                run_spout(shared2, emitter, inbox, spouts, contexts, st, acker_em);
+            });
+            (spawned, true)
         }
         (Some(ComponentKind::Bolt(factory)), inbox) => {
             let cell = match inbox {
@@ -232,10 +260,19 @@ pub(crate) fn spawn(
             };
             let bolts: Vec<Box<dyn Bolt>> = tasks.iter().map(|_| factory()).collect();
             let st = stats.clone();
-            (builder.spawn(move || run_bolt(shared2, emitter, cell, bolts, contexts, st, inline)), false)
+            let spawned = builder.spawn(move || {
+                if run_bolt(shared2, emitter, cell, bolts, contexts, st, inline) == BoltEnd::PanickedInline {
+                    watch.died();
+                }
+            });
+            (spawned, false)
         }
         (None, ExecutorInbox::Queue(inbox)) if component.as_str() == ACKER_COMPONENT => {
-            (builder.spawn(move || run_acker(shared2, emitter, inbox)), false)
+            let spawned = builder.spawn(move || {
+                let _watch = watch;
+                run_acker(shared2, emitter, inbox);
+            });
+            (spawned, false)
         }
         (None, ExecutorInbox::Queue(_)) => {
             return Err(Error::Executor {
@@ -251,7 +288,7 @@ pub(crate) fn spawn(
         }
     };
     let thread = thread.map_err(|e| Error::Executor { executor: id.to_string(), reason: e.to_string() })?;
-    Ok((RunningExecutor { id, component, stats, thread: Some(thread), is_spout }, acker_entry))
+    Ok((RunningExecutor { id, component, stats, thread: Some(thread), is_spout, died }, acker_entry))
 }
 
 fn report_start_failure(em: &mut Emitter, ctx: &TopologyContext, reason: String) {
@@ -635,11 +672,11 @@ fn run_bolt(
     contexts: Vec<TopologyContext>,
     stats: Arc<ExecStats>,
     inline: bool,
-) {
+) -> BoltEnd {
     for (bolt, ctx) in bolts.iter_mut().zip(&contexts) {
         if let Err(e) = bolt.prepare(ctx) {
             report_start_failure(&mut em, ctx, e.to_string());
-            return;
+            return BoltEnd::Stopped;
         }
     }
     let start = contexts.first().map_or(TaskId(0), |c| c.task_id);
@@ -655,7 +692,7 @@ fn run_bolt(
     let component = em.component.clone();
     match cell.lock() {
         Ok(mut core) => *core = Some(BoltCore::new(bolts, em, &shared.table, start, stats, inline)),
-        Err(Poisoned) => return,
+        Err(Poisoned) => return BoltEnd::PanickedInline,
     }
     // When the first batch held back by the flush interval is due (`Emitter::flush_paced`).
     let mut flush_at: Option<Instant> = None;
@@ -680,9 +717,11 @@ fn run_bolt(
         };
         let Ok(mut guard) = cell.lock() else {
             tracing::error!(%component, "a bolt of this executor panicked on an upstream executor's thread; the executor stops");
-            return;
+            return BoltEnd::PanickedInline;
         };
-        let Some(core) = guard.as_mut() else { return };
+        // Only a bolt that panicked while run inline takes the state out before this thread
+        // does (`BoltCell::try_run`).
+        let Some(core) = guard.as_mut() else { return BoltEnd::PanickedInline };
         let mut next = first.map(Ok);
         let mut disconnected = false;
         loop {
@@ -738,6 +777,16 @@ fn run_bolt(
             b.cleanup();
         }
     }
+    BoltEnd::Stopped
+}
+
+/// How a bolt executor's thread ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BoltEnd {
+    /// Cancelled, its queue closed, or its bolts failed to start (reported as an error).
+    Stopped,
+    /// One of its bolts panicked on an upstream executor's thread that ran it inline.
+    PanickedInline,
 }
 
 /// Lets every bolt of the executor apply work it finished outside `execute`.

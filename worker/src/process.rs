@@ -519,6 +519,19 @@ async fn run_session(
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = local_beat.tick() => {
+                // A spout or bolt panicked and its executor's thread is gone: like Storm's
+                // worker, report it and exit, so that the supervisor starts a fresh worker
+                // instead of this one timing out every tree that needs the dead executor.
+                if let Some((executor, component)) = worker.runtime.dead_executor() {
+                    let reason = "a spout or bolt panicked and its thread died; the worker exits so that its supervisor restarts it".to_owned();
+                    tracing::error!(%component, %executor, "{reason}");
+                    let info = ErrorInfo { error: format!("executor {executor}: {reason}"), time_secs: now_secs(), host: args.hostname.clone(), port: args.port };
+                    if let Err(e) = report_error(session, paths, id, &component, &info, config.errors_kept).await {
+                        tracing::warn!(error = %e, "cannot report an error to ZooKeeper");
+                    }
+                    fatal = Some(Error::Executor { executor: executor.to_string(), reason });
+                    break;
+                }
                 if let Err(e) = write_local_heartbeat(&beat_path, &local_heartbeat(worker.runtime.stats().iter().map(|s| s.snapshot()).collect())) {
                     tracing::warn!(error = %e, "cannot write the local heartbeat");
                 }

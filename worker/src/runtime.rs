@@ -232,6 +232,13 @@ impl WorkerRuntime {
             .collect()
     }
 
+    /// An executor whose thread died because a spout or bolt panicked: its id and component.
+    /// The worker cannot run its topology without it; Storm's worker then exits so that its
+    /// supervisor starts a fresh one (`squall worker` does, `process::run`).
+    pub fn dead_executor(&self) -> Option<(ExecutorId, ComponentId)> {
+        self.executors.iter().find(|e| e.died.load(Ordering::Acquire)).map(|e| (e.id, e.component.clone()))
+    }
+
     /// Statistics of the executors of `component`.
     pub fn component_stats(&self, component: &str) -> Vec<Arc<ExecStats>> {
         self.executors.iter().filter(|e| e.component.as_str() == component).map(|e| e.stats.clone()).collect()

@@ -748,7 +748,46 @@ fn a_bolt_that_panics_while_run_inline_stops_its_executor_not_the_upstream_one()
     });
     // The relay's thread lived on: it runs every tuple the spout emits.
     wait_for(Duration::from_secs(60), "the relay ran every tuple", || ran.load(Ordering::Relaxed) == n);
+    // The sink's executor is the one that died (a worker process then exits: `process.rs`).
+    wait_for(Duration::from_secs(10), "the sink's executor known dead", || {
+        cluster.runtime().dead_executor().is_some()
+    });
+    assert_eq!(cluster.runtime().dead_executor().map(|(_, c)| c.to_string()), Some("sink".to_owned()));
     cluster.shutdown(Duration::from_secs(1));
+}
+
+#[test]
+fn a_bolt_that_panics_on_its_own_thread_leaves_its_executor_known_dead() {
+    let (ran, panicked) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+    let mut b = TopologyBuilder::new("panics");
+    b.config(config(|c| c.inline_downstream = false));
+    b.set_spout("spout", 1, move || PacedSpout { n: 100, next: 0, due: None });
+    let counted = ran.clone();
+    b.set_bolt("relay", 1, move || CountingRelay { ran: counted.clone() }).shuffle_grouping("spout");
+    // Off its own thread it would panic too: with inline runs off it never is.
+    let p = panicked.clone();
+    b.set_bolt("panics", 1, move || PanicsAnywhere { panicked: p.clone() }).global_grouping("relay");
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    assert_eq!(cluster.runtime().dead_executor(), None, "nothing died before any tuple");
+    wait_for(Duration::from_secs(60), "the bolt panicked", || panicked.load(Ordering::Relaxed));
+    wait_for(Duration::from_secs(10), "its executor known dead", || {
+        cluster.runtime().dead_executor().is_some()
+    });
+    assert_eq!(cluster.runtime().dead_executor().map(|(_, c)| c.to_string()), Some("panics".to_owned()));
+    wait_for(Duration::from_secs(60), "the relay ran every tuple", || ran.load(Ordering::Relaxed) == 100);
+    cluster.shutdown(Duration::from_secs(1));
+}
+
+/// Panics on its first tuple, wherever it runs.
+struct PanicsAnywhere {
+    panicked: Arc<AtomicBool>,
+}
+
+impl Bolt for PanicsAnywhere {
+    fn execute(&mut self, _: &Tuple, _: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        self.panicked.store(true, Ordering::Relaxed);
+        panic!("a bug in a bolt");
+    }
 }
 
 /// Emits `n` reliable tuples at once, and notes how many the bolt had run when the first ack

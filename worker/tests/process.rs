@@ -259,9 +259,13 @@ impl Bolt for Erring {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn errors_are_rate_limited_and_only_the_last_ten_kept() {
-    let c = Cluster::new("errors").await;
+/// One worker on its own ZooKeeper chroot, started: sentences at 100 a second shuffled into
+/// `bolt` (one executor, named `name`).
+async fn sentences_into<B: Bolt>(
+    name: &'static str,
+    bolt: fn() -> B,
+) -> (Cluster, WorkerSlot, CancellationToken, tokio::task::JoinHandle<worker::Result<()>>) {
+    let c = Cluster::new(name).await;
     let slot = WorkerSlot { node: SupervisorId::new("sup-1").unwrap(), port: free_port() };
     let build = || {
         let mut b = TopologyBuilder::new("wc");
@@ -269,11 +273,43 @@ async fn errors_are_rate_limited_and_only_the_last_ten_kept() {
         b.set_spout("sentences", 1, || {
             SentenceSpout::new(SentenceParams { rate_per_sec: Some(100.0), ..SentenceParams::default() })
         });
-        b.set_bolt("erring", 1, || Erring).shuffle_grouping("sentences");
+        b.set_bolt(name, 1, bolt).shuffle_grouping("sentences");
         b.build().unwrap()
     };
     c.submit(&build(), std::slice::from_ref(&slot)).await;
     let (t, h) = c.start(build(), &slot, "w");
+    (c, slot, t, h)
+}
+
+/// Panics on its first tuple.
+struct Panicking;
+
+impl Bolt for Panicking {
+    fn execute(&mut self, _: &Tuple, _: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        panic!("a bug in a bolt");
+    }
+}
+
+/// Storm's executor dies with its worker: a worker whose bolt panicked reports it and exits with
+/// an error (its supervisor starts a fresh one) instead of running on without the executor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_bolt_panics_reports_it_and_exits_with_an_error() {
+    let (c, _slot, _t, h) = sentences_into("panicking", || Panicking).await;
+    let result = tokio::time::timeout(Duration::from_secs(30), h).await.expect("the worker exits").unwrap();
+    match result {
+        Err(worker::Error::Executor { reason, .. }) => assert!(reason.contains("panicked"), "{reason}"),
+        other => panic!("expected an executor error, got {other:?}"),
+    }
+    let dir = c.paths.errors_component(&c.id, &ComponentId::new("panicking").unwrap());
+    let names = c.session.children(&dir).await.unwrap();
+    assert_eq!(names.len(), 1, "one error report");
+    let (info, _) = c.session.read::<ErrorInfo>(&format!("{dir}/{}", names[0])).await.unwrap();
+    assert!(info.error.contains("panicked") && info.error.contains("restarts"), "{}", info.error);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_rate_limited_and_only_the_last_ten_kept() {
+    let (c, slot, t, h) = sentences_into("erring", || Erring).await;
     let dir = c.paths.errors_component(&c.id, &ComponentId::new("erring").unwrap());
     eventually_true(Duration::from_secs(30), "five error reports", || async {
         c.session.children(&dir).await.map(|k| k.len()).unwrap_or(0) >= 5
