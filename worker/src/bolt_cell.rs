@@ -21,6 +21,7 @@
 //! dropped, so its own thread ends as if the panic had happened there, and the upstream executor
 //! goes on.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use cluster_state::ids::TaskId;
@@ -131,6 +132,9 @@ fn execute(
 pub(crate) struct BoltCell {
     core: Mutex<Option<BoltCore>>,
     pub(crate) inbox: QueueReceiver<Batch>,
+    /// The executor's death flag (`RunningExecutor::died`): set here when one of its bolts
+    /// panics while run inline, by its thread's guard when one panics there.
+    pub(crate) died: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for BoltCell {
@@ -144,8 +148,8 @@ impl std::fmt::Debug for BoltCell {
 pub(crate) struct Poisoned;
 
 impl BoltCell {
-    pub(crate) fn new(inbox: QueueReceiver<Batch>) -> Arc<Self> {
-        Arc::new(BoltCell { core: Mutex::new(None), inbox })
+    pub(crate) fn new(inbox: QueueReceiver<Batch>, died: Arc<AtomicBool>) -> Arc<Self> {
+        Arc::new(BoltCell { core: Mutex::new(None), inbox, died })
     }
 
     /// The executor's state, for its own thread (waits while an upstream thread runs it).
@@ -183,6 +187,7 @@ impl BoltCell {
         if ran.is_err() {
             tracing::error!(component = %core.em.component, "a bolt panicked while run on an upstream executor's thread; its executor stops");
             *guard = None;
+            self.died.store(true, Ordering::Release);
         }
         Ok(())
     }

@@ -124,19 +124,13 @@ pub(crate) struct RunningExecutor {
     pub(crate) died: Arc<AtomicBool>,
 }
 
-/// Marks an executor dead when its thread unwinds (a spout or bolt panicked), or when told.
+/// Marks an executor dead when its thread unwinds (a spout or bolt panicked).
 struct DeathWatch(Arc<AtomicBool>);
-
-impl DeathWatch {
-    fn died(&self) {
-        self.0.store(true, Ordering::Release);
-    }
-}
 
 impl Drop for DeathWatch {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            self.died();
+            self.0.store(true, Ordering::Release);
         }
     }
 }
@@ -210,7 +204,11 @@ pub(crate) fn spawn(
     inline: bool,
 ) -> Result<(RunningExecutor, Option<RunningExecutor>)> {
     let stats = Arc::new(ExecStats::new(id));
-    let died = Arc::new(AtomicBool::new(false));
+    // A bolt executor's flag is its cell's (set there by an inline run's panic too).
+    let died = match &inbox {
+        ExecutorInbox::Bolt(cell) => cell.died.clone(),
+        ExecutorInbox::Queue(_) => Arc::default(),
+    };
     let watch = DeathWatch(died.clone());
     let tasks: Vec<TaskId> = id.tasks().collect();
     let emitter = emitter_of(shared, id, &component, local_tasks, stats.clone());
@@ -256,14 +254,13 @@ pub(crate) fn spawn(
         (Some(ComponentKind::Bolt(factory)), inbox) => {
             let cell = match inbox {
                 ExecutorInbox::Bolt(cell) => cell,
-                ExecutorInbox::Queue(rx) => BoltCell::new(rx),
+                ExecutorInbox::Queue(rx) => BoltCell::new(rx, died.clone()),
             };
             let bolts: Vec<Box<dyn Bolt>> = tasks.iter().map(|_| factory()).collect();
             let st = stats.clone();
             let spawned = builder.spawn(move || {
-                if run_bolt(shared2, emitter, cell, bolts, contexts, st, inline) == BoltEnd::PanickedInline {
-                    watch.died();
-                }
+                let _watch = watch;
+                run_bolt(shared2, emitter, cell, bolts, contexts, st, inline);
             });
             (spawned, false)
         }
@@ -672,11 +669,11 @@ fn run_bolt(
     contexts: Vec<TopologyContext>,
     stats: Arc<ExecStats>,
     inline: bool,
-) -> BoltEnd {
+) {
     for (bolt, ctx) in bolts.iter_mut().zip(&contexts) {
         if let Err(e) = bolt.prepare(ctx) {
             report_start_failure(&mut em, ctx, e.to_string());
-            return BoltEnd::Stopped;
+            return;
         }
     }
     let start = contexts.first().map_or(TaskId(0), |c| c.task_id);
@@ -692,7 +689,7 @@ fn run_bolt(
     let component = em.component.clone();
     match cell.lock() {
         Ok(mut core) => *core = Some(BoltCore::new(bolts, em, &shared.table, start, stats, inline)),
-        Err(Poisoned) => return BoltEnd::PanickedInline,
+        Err(Poisoned) => return,
     }
     // When the first batch held back by the flush interval is due (`Emitter::flush_paced`).
     let mut flush_at: Option<Instant> = None;
@@ -716,12 +713,11 @@ fn run_bolt(
             }
         };
         let Ok(mut guard) = cell.lock() else {
-            tracing::error!(%component, "a bolt of this executor panicked on an upstream executor's thread; the executor stops");
-            return BoltEnd::PanickedInline;
+            tracing::error!(%component, "a bolt of this executor panicked while its state was held; the executor stops");
+            return;
         };
-        // Only a bolt that panicked while run inline takes the state out before this thread
-        // does (`BoltCell::try_run`).
-        let Some(core) = guard.as_mut() else { return BoltEnd::PanickedInline };
+        // Gone: a bolt panicked while run inline (`BoltCell::try_run`).
+        let Some(core) = guard.as_mut() else { return };
         let mut next = first.map(Ok);
         let mut disconnected = false;
         loop {
@@ -777,16 +773,6 @@ fn run_bolt(
             b.cleanup();
         }
     }
-    BoltEnd::Stopped
-}
-
-/// How a bolt executor's thread ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BoltEnd {
-    /// Cancelled, its queue closed, or its bolts failed to start (reported as an error).
-    Stopped,
-    /// One of its bolts panicked on an upstream executor's thread that ran it inline.
-    PanickedInline,
 }
 
 /// Lets every bolt of the executor apply work it finished outside `execute`.

@@ -75,7 +75,7 @@ impl WorkerRuntime {
             let (tx, rx) = executor::inbox(&parts.topology, &component);
             let is_bolt = parts.topology.components().get(&component).is_some_and(|c| !c.is_spout());
             let (rx, cell) = if is_bolt {
-                let cell = BoltCell::new(rx);
+                let cell = BoltCell::new(rx, Arc::default());
                 let routed = inline.then(|| Arc::downgrade(&cell));
                 (ExecutorInbox::Bolt(cell), routed)
             } else {

@@ -690,104 +690,76 @@ impl Bolt for CountingRelay {
     }
 }
 
-/// Acks on its own thread; panics when run on another (inline, on an upstream executor's).
-struct PanicsInline {
+/// Panics on its first tuple, unless it runs on a thread named `<own>-...` (`own: None`:
+/// wherever it runs); acks otherwise.
+struct Panicking {
+    own: Option<&'static str>,
     panicked: Arc<AtomicBool>,
 }
 
-impl Bolt for PanicsInline {
+impl Bolt for Panicking {
     fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
         let thread = std::thread::current().name().unwrap_or("").to_owned();
-        if !thread.starts_with("sink-") {
+        if self.own.is_none_or(|own| !thread.starts_with(&format!("{own}-"))) {
             self.panicked.store(true, Ordering::Relaxed);
-            panic!("the sink ran on {thread}");
+            panic!("a bug in a bolt, run on {thread}");
         }
         out.ack(input);
         Ok(())
     }
 }
 
-/// Emits ids `0..n` unreliably, one every 50 us: a light load, at which the bolts behind it
-/// are idle most of the time.
-struct PacedSpout {
+/// A paced spout's `n` unreliable tuples (one per 20 us) -> relay -> `bolt` (a [`Panicking`]
+/// whose own thread is `bolt`'s), inline runs as given: the cluster, how many tuples the relay
+/// ran, and whether the bolt panicked.
+fn relay_into_panicking(
+    bolt: &'static str,
+    own: Option<&'static str>,
+    inline: bool,
     n: u64,
-    next: u64,
-    due: Option<Instant>,
+) -> (LocalCluster, Arc<AtomicU64>, Arc<AtomicBool>) {
+    let (ran, panicked) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+    let mut b = TopologyBuilder::new("panics");
+    b.config(config(|c| c.inline_downstream = inline));
+    b.set_spout("spout", 1, move || SlowBurstSpout { n, emitted: Arc::new(AtomicU64::new(0)) });
+    let counted = ran.clone();
+    b.set_bolt("relay", 1, move || CountingRelay { ran: counted.clone() }).shuffle_grouping("spout");
+    let p = panicked.clone();
+    b.set_bolt(bolt, 1, move || Panicking { own, panicked: p.clone() }).global_grouping("relay");
+    (LocalCluster::start(b.build().unwrap()).unwrap(), ran, panicked)
 }
 
-impl Spout for PacedSpout {
-    fn declare_outputs(&self, d: &mut OutputDeclarer) {
-        d.declare(Fields::new(["id"]));
-    }
-
-    fn next_tuple(&mut self, out: &mut SpoutCollector<'_>) -> Result<(), ComponentError> {
-        let now = Instant::now();
-        if self.next < self.n && self.due.is_none_or(|d| now >= d) {
-            out.emit(values![self.next as i64], None)?;
-            self.next += 1;
-            self.due = Some(now + Duration::from_micros(50));
-        }
-        Ok(())
-    }
+/// Waits until `cluster` knows an executor dead, and returns its component.
+fn dead_component(cluster: &LocalCluster) -> String {
+    wait_for(Duration::from_secs(10), "an executor known dead", || {
+        cluster.runtime().dead_executor().is_some()
+    });
+    cluster.runtime().dead_executor().map(|(_, c)| c.to_string()).unwrap_or_default()
 }
 
 #[test]
 fn a_bolt_that_panics_while_run_inline_stops_its_executor_not_the_upstream_one() {
     let n = 1_000;
-    let (ran, panicked) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
-    let mut b = TopologyBuilder::new("panics-inline");
-    b.config(config(|c| c.inline_downstream = true));
-    b.set_spout("spout", 1, move || PacedSpout { n, next: 0, due: None });
-    let counted = ran.clone();
-    b.set_bolt("relay", 1, move || CountingRelay { ran: counted.clone() }).shuffle_grouping("spout");
-    let p = panicked.clone();
-    b.set_bolt("sink", 1, move || PanicsInline { panicked: p.clone() }).global_grouping("relay");
-    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    let (cluster, ran, panicked) = relay_into_panicking("sink", Some("sink"), true, n);
     wait_for(Duration::from_secs(60), "the sink ran on the relay's thread", || {
         panicked.load(Ordering::Relaxed)
     });
     // The relay's thread lived on: it runs every tuple the spout emits.
     wait_for(Duration::from_secs(60), "the relay ran every tuple", || ran.load(Ordering::Relaxed) == n);
     // The sink's executor is the one that died (a worker process then exits: `process.rs`).
-    wait_for(Duration::from_secs(10), "the sink's executor known dead", || {
-        cluster.runtime().dead_executor().is_some()
-    });
-    assert_eq!(cluster.runtime().dead_executor().map(|(_, c)| c.to_string()), Some("sink".to_owned()));
+    assert_eq!(dead_component(&cluster), "sink");
     cluster.shutdown(Duration::from_secs(1));
 }
 
 #[test]
 fn a_bolt_that_panics_on_its_own_thread_leaves_its_executor_known_dead() {
-    let (ran, panicked) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
-    let mut b = TopologyBuilder::new("panics");
-    b.config(config(|c| c.inline_downstream = false));
-    b.set_spout("spout", 1, move || PacedSpout { n: 100, next: 0, due: None });
-    let counted = ran.clone();
-    b.set_bolt("relay", 1, move || CountingRelay { ran: counted.clone() }).shuffle_grouping("spout");
-    // Off its own thread it would panic too: with inline runs off it never is.
-    let p = panicked.clone();
-    b.set_bolt("panics", 1, move || PanicsAnywhere { panicked: p.clone() }).global_grouping("relay");
-    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    // It would panic off its own thread too: with inline runs off it never is.
+    let (cluster, ran, panicked) = relay_into_panicking("panics", None, false, 100);
     assert_eq!(cluster.runtime().dead_executor(), None, "nothing died before any tuple");
     wait_for(Duration::from_secs(60), "the bolt panicked", || panicked.load(Ordering::Relaxed));
-    wait_for(Duration::from_secs(10), "its executor known dead", || {
-        cluster.runtime().dead_executor().is_some()
-    });
-    assert_eq!(cluster.runtime().dead_executor().map(|(_, c)| c.to_string()), Some("panics".to_owned()));
+    assert_eq!(dead_component(&cluster), "panics");
     wait_for(Duration::from_secs(60), "the relay ran every tuple", || ran.load(Ordering::Relaxed) == 100);
     cluster.shutdown(Duration::from_secs(1));
-}
-
-/// Panics on its first tuple, wherever it runs.
-struct PanicsAnywhere {
-    panicked: Arc<AtomicBool>,
-}
-
-impl Bolt for PanicsAnywhere {
-    fn execute(&mut self, _: &Tuple, _: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
-        self.panicked.store(true, Ordering::Relaxed);
-        panic!("a bug in a bolt");
-    }
 }
 
 /// Emits `n` reliable tuples at once, and notes how many the bolt had run when the first ack
