@@ -18,8 +18,8 @@
 //! order of the topology and every wait for a full queue ends downstream: no deadlock.
 //!
 //! A bolt that panics while run inline is caught on the borrowed thread: its executor's state is
-//! dropped, so its own thread ends as if the panic had happened there, and the upstream executor
-//! goes on.
+//! dropped and the executor marked dead (the cell holds its death flag, `RunningExecutor::died`),
+//! so its own thread ends as if the panic had happened there, and the upstream executor goes on.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
