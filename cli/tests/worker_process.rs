@@ -45,9 +45,7 @@ streams:
     grouping: {type: FIELDS, args: [word]}
 "#;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use test_harness::free_port;
 
 /// Kills the process when dropped, so a failing test leaves nothing behind.
 struct Worker(Child);

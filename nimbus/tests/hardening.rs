@@ -207,15 +207,14 @@ async fn limits_are_checked_at_submit_and_rebalance_naming_them() {
     cluster.stop().await;
 }
 
-/// Stores a topology as an older nimbus, without today's limits, would have: its code in
-/// nimbus's code dir, then its base record.
+/// Stores a topology as an older nimbus, without today's limits, would have: its base record,
+/// then its code in nimbus's code dir. In that order, as nimbus's own submit does under its
+/// lock: code without a base record is an orphan, which the running nimbus's cleanup pass
+/// may remove at any moment. The code is written aside and renamed in, so nimbus never reads
+/// half a file.
 async fn store_unchecked(cluster: &Cluster, name: &str, split: &str) -> TopologyId {
     let id: TopologyId = format!("{name}-1-{}", now_secs()).parse().unwrap();
-    let code = cluster.dir.path().join("nimbus/stormdist").join(id.as_str());
-    std::fs::create_dir_all(&code).unwrap();
     let file = topology_file(name, split);
-    std::fs::write(code.join("topology.yaml"), &file).unwrap();
-    std::fs::write(code.join("topology.yaml.sha256"), sha256_hex(file.as_bytes())).unwrap();
     let structure = cluster_state::structure::TopologyStructure::from_flux(&file).unwrap();
     let base = StormBase {
         name: TopologyName::new(name).unwrap(),
@@ -227,8 +226,15 @@ async fn store_unchecked(cluster: &Cluster, name: &str, split: &str) -> Topology
         prev_status: None,
         pending_transition: None,
     };
+    let staged = cluster.dir.path().join(format!("staged-{id}"));
+    std::fs::create_dir_all(&staged).unwrap();
+    std::fs::write(staged.join("topology.yaml"), &file).unwrap();
+    std::fs::write(staged.join("topology.yaml.sha256"), sha256_hex(file.as_bytes())).unwrap();
     let persistent = CreateMode::Persistent.with_parents();
     cluster.session.create(&cluster.paths.storm(&id), &base.encode(), persistent).await.unwrap();
+    let code_dir = cluster.dir.path().join("nimbus/stormdist");
+    std::fs::create_dir_all(&code_dir).unwrap();
+    std::fs::rename(&staged, code_dir.join(id.as_str())).unwrap();
     id
 }
 

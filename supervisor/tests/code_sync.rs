@@ -191,7 +191,7 @@ async fn a_corrupt_download_is_refused() {
 #[tokio::test]
 async fn an_unreachable_nimbus_is_named() {
     let supervisor_local = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = test_harness::free_port();
     let sync = CodeSync::new(format!("127.0.0.1:{port}"), supervisor_local.path());
     let err = sync.ensure(&"wc-1-1700000000".parse().unwrap()).await.unwrap_err();
     assert!(matches!(err, CodeError::Nimbus { .. }) && err.to_string().contains(&port.to_string()), "{err}");

@@ -33,9 +33,7 @@ struct Supervisor {
     local_dir: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use test_harness::free_port;
 
 fn start(connect: &str, port: u16) -> Supervisor {
     let local_dir = tempfile::tempdir().unwrap();

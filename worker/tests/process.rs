@@ -24,9 +24,7 @@ use worker::process::{WorkerArgs, WorkerConfig, read_local_heartbeat, report_err
 use worker::transport::TopologySecret;
 use worker::{Bolt, BoltCollector, ComponentError, Topology, TopologyBuilder, TopologyConfig, Tuple};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use test_harness::free_port;
 
 fn wordcount(workers: u32) -> Topology {
     wordcount_timing_out_after(workers, 2)

@@ -22,9 +22,7 @@ pub const SQUALL: &str = env!("CARGO_BIN_EXE_squall");
 /// The cluster's ZooKeeper credentials (`storm.zookeeper.auth.payload`).
 pub const ZK_AUTH: &str = "squall:cluster-test-secret";
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+pub use test_harness::free_port;
 
 /// Processes a test started, killed (and reaped) when it ends, however it ends.
 pub struct Processes(pub Vec<Child>);

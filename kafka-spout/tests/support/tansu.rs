@@ -6,7 +6,7 @@
 //! 0.6.0 --locked --features dynostore,libsql`, into `~/.cargo/bin`).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -38,9 +38,7 @@ pub fn binary() -> PathBuf {
     })
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use test_harness::free_port;
 
 impl Tansu {
     /// Starts a broker and returns once it answers metadata requests.

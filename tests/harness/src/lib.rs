@@ -93,6 +93,7 @@
 
 pub mod logs;
 pub mod measure;
+mod ports;
 pub mod prometheus;
 pub mod promtool;
 mod relay;
@@ -100,6 +101,7 @@ mod spawn;
 pub mod tls;
 mod wait;
 
+pub use ports::{free_port, try_free_port};
 pub use relay::TcpRelay;
 pub use wait::{eventually, eventually_true, wait_for, wait_until};
 
@@ -107,7 +109,7 @@ use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -334,7 +336,7 @@ impl ZkServer {
             .map_err(|e| format!("cannot create {}: {e}", server.data_dir().display()))?;
         let mut attempt = 1;
         loop {
-            server.port = free_port().map_err(|e| format!("cannot find a free loopback port: {e}"))?;
+            server.port = try_free_port().map_err(|e| format!("cannot find a free loopback port: {e}"))?;
             server.write_config().map_err(|e| format!("cannot write zoo.cfg: {e}"))?;
             match server.launch() {
                 Ok(()) => return Ok(server),
@@ -474,12 +476,6 @@ fn kill_and_reap(slot: &mut Option<Child>) {
         let _ = child.kill();
         let _ = child.wait();
     }
-}
-
-/// A port that was free a moment ago. Another process may take it before the JVM binds it; launches
-/// detect that (the JVM exits, or `conf` reports someone else's data directory) and retry.
-fn free_port() -> io::Result<u16> {
-    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
 }
 
 #[derive(Debug)]
