@@ -409,6 +409,41 @@ fn an_out_of_range_committed_offset_is_reset_and_counted() {
     cluster.shutdown(Duration::from_secs(5));
 }
 
+/// An owned partition whose start fails (here: its committed offset is not a number, and
+/// `reset.on.corrupt.offset` is off) is tried again while it is owned, and starts once an
+/// operator repairs the offset, without a rebalance. It used to stay idle until the next
+/// rebalance: in a steady group, for good.
+#[test]
+fn a_partition_that_failed_to_start_starts_once_its_offset_is_repaired() {
+    let kafka = MockKafka::start(&[("repair", 2)]);
+    produce(&kafka.bootstrap(), "repair", 2, 0..100);
+    let rig = Rig::new();
+    let zk = Zk::connect(&rig.ensemble);
+    zk.write_committed("g12", "repair", 0, b"not a number");
+    zk.set_committed("g12", "repair", 1, 10);
+    let record = Arc::new(Record::default());
+    let cluster = rig.start(
+        "t12",
+        spout_config(&kafka.bootstrap(), "repair", "g12"),
+        1,
+        &record,
+        ack_all,
+        TopologyConfig::default(),
+    );
+    // Partition 1 runs from 10; partition 0 is owned but cannot start.
+    let odd: BTreeSet<u64> = (0..100).filter(|n| n % 2 == 1 && n / 2 >= 10).collect();
+    assert!(wait_until(WAIT, || record.numbers() == odd), "got {:?}", record.numbers());
+    assert_eq!(zk.owners("g12", "repair").len(), 2, "both partitions are owned");
+    assert!(record.numbers().iter().all(|n| n % 2 == 1), "nothing of partition 0 before the repair");
+    // The operator repairs it (as `squall offsets reset` would): partition 0 starts from 30.
+    zk.reset_committed("g12", "repair", 0, 30);
+    let expected: BTreeSet<u64> =
+        (0..100).filter(|n| if n % 2 == 0 { n / 2 >= 30 } else { n / 2 >= 10 }).collect();
+    assert!(wait_until(WAIT, || record.numbers() == expected), "got {:?}", record.numbers());
+    assert!(wait_until(WAIT, || zk.committed("g12", "repair", 0) == Some(50)));
+    cluster.shutdown(Duration::from_secs(5));
+}
+
 #[test]
 fn yaml_topology_spout_to_producer_bolt_copies_every_message() {
     let kafka = MockKafka::start(&[("src", 4), ("dst", 3)]);

@@ -348,33 +348,72 @@ fn child_worker() {
     std::thread::sleep(Duration::from_secs(900));
 }
 
-/// Where a child worker's log goes: a file under `SQUALL_E2E_LOG_DIR` when set (to look at a
-/// failure), else nowhere.
-fn child_log(spec: &str) -> Stdio {
-    let Some(dir) = std::env::var_os("SQUALL_E2E_LOG_DIR") else { return Stdio::null() };
-    let name: String =
-        spec.rsplit('|').next().unwrap_or("child").chars().filter(char::is_ascii_alphanumeric).collect();
-    std::fs::File::create(std::path::Path::new(&dir).join(format!("{name}.log")))
-        .map_or_else(|_| Stdio::null(), Stdio::from)
+/// The child workers a test starts, and their logs: one file per process, in a directory
+/// of the test's own (under `SQUALL_E2E_LOG_DIR` when set, and kept; else temporary). When
+/// the test fails, the tail of each is printed with the failure, so that a failure in CI
+/// says what the workers did (which partitions each consumed from where, warnings).
+struct Children {
+    dir: std::path::PathBuf,
+    _temporary: Option<tempfile::TempDir>,
+    logs: std::sync::Mutex<Vec<std::path::PathBuf>>,
 }
 
-fn start_child(spec: &str) -> Child {
-    // A child's log is kept only under SQUALL_E2E_LOG_DIR; there it is at info unless RUST_LOG says.
-    let level = match std::env::var("RUST_LOG") {
-        Ok(level) => level,
-        Err(_) if std::env::var_os("SQUALL_E2E_LOG_DIR").is_some() => "info".to_owned(),
-        Err(_) => String::new(),
-    };
-    Command::new("setpriv")
-        .args(["--pdeathsig", "KILL", "--"])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--exact", "child_worker", "--nocapture", "--test-threads", "1"])
-        .env("SQUALL_E2E_CHILD", spec)
-        .env("RUST_LOG", level)
-        .stdin(Stdio::null())
-        .stdout(child_log(spec))
-        .spawn()
-        .unwrap()
+/// Lines of each child's log printed with a failure.
+const LOG_TAIL: usize = 200;
+
+impl Children {
+    fn new(test: &str) -> Self {
+        let (dir, temporary) = match std::env::var_os("SQUALL_E2E_LOG_DIR") {
+            Some(dir) => (std::path::Path::new(&dir).join(test), None),
+            None => {
+                let temporary = tempfile::tempdir().unwrap();
+                (temporary.path().to_owned(), Some(temporary))
+            }
+        };
+        std::fs::create_dir_all(&dir).unwrap();
+        Children { dir, _temporary: temporary, logs: std::sync::Mutex::new(Vec::new()) }
+    }
+
+    /// Starts a worker process running the pipeline `spec` describes (see `child_worker`).
+    fn start(&self, spec: &str) -> Child {
+        let name: String =
+            spec.rsplit('|').next().unwrap_or("child").chars().filter(char::is_ascii_alphanumeric).collect();
+        let mut logs = self.logs.lock().unwrap();
+        let path = self.dir.join(format!("{name}-{}.log", logs.len() + 1));
+        let file = std::fs::File::create(&path).unwrap();
+        logs.push(path);
+        let mut command = Command::new("setpriv");
+        command
+            .args(["--pdeathsig", "KILL", "--"])
+            .arg(std::env::current_exe().unwrap())
+            .args(["--exact", "child_worker", "--nocapture", "--test-threads", "1"])
+            .env("SQUALL_E2E_CHILD", spec)
+            .stdin(Stdio::null())
+            .stdout(file);
+        // The child's own default (`logs`) unless RUST_LOG says; everything at info when the
+        // logs are asked for.
+        if std::env::var_os("RUST_LOG").is_none() && std::env::var_os("SQUALL_E2E_LOG_DIR").is_some() {
+            command.env("RUST_LOG", "info");
+        }
+        command.spawn().unwrap()
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for path in self.logs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter() {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(LOG_TAIL)..];
+            eprintln!("--- {} (last {} of {} lines) ---", path.display(), tail.len(), lines.len());
+            for line in tail {
+                eprintln!("{line}");
+            }
+        }
+    }
 }
 
 #[test]
@@ -387,7 +426,8 @@ fn a_killed_worker_resumes_from_committed_offsets() {
     let registry = Zk::connect(&Ensemble::zookeeper(zk.clone()));
     produce(&tansu.bootstrap(), "in4", 4, 0..20_000);
     let spec = format!("{}|{}|in4|out4", tansu.bootstrap(), zk);
-    let mut first = start_child(&spec);
+    let children = Children::new("killed");
+    let mut first = children.start(&spec);
     // Kill it mid-stream: once something is committed, long before everything is.
     let committed = || (0..4).map(|p| registry.committed("g", "in4", p).unwrap_or(0)).collect::<Vec<i64>>();
     assert!(wait_until(WAIT, || committed().iter().sum::<i64>() > 2000));
@@ -395,7 +435,7 @@ fn a_killed_worker_resumes_from_committed_offsets() {
     first.wait().unwrap();
     let at_kill = committed();
     assert!(at_kill.iter().sum::<i64>() < 20_000, "killed mid-stream: {at_kill:?}");
-    let mut second = start_child(&spec);
+    let mut second = children.start(&spec);
     let out = read_output(&tansu.bootstrap(), "out4", 4, 20_000);
     second.kill().unwrap();
     second.wait().unwrap();
@@ -465,8 +505,9 @@ fn a_worker_stopped_past_its_session_emits_nothing_it_no_longer_owns() {
     let next = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producing = produce_paced(tansu.bootstrap(), "in9", 8, 250, next.clone(), stop.clone());
-    let mut a = start_child(&format!("{}|{}|in9|out9|pauseA", tansu.bootstrap(), zk));
-    let mut b = start_child(&format!("{}|{}|in9|out9|pauseB", tansu.bootstrap(), zk));
+    let children = Children::new("pause");
+    let mut a = children.start(&format!("{}|{}|in9|out9|pauseA", tansu.bootstrap(), zk));
+    let mut b = children.start(&format!("{}|{}|in9|out9|pauseB", tansu.bootstrap(), zk));
     let owned_by = |owners: &BTreeMap<i32, String>, prefix: &str| -> BTreeSet<i32> {
         owners.iter().filter(|(_, o)| o.starts_with(prefix)).map(|(p, _)| *p).collect()
     };

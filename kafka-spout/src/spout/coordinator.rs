@@ -92,7 +92,15 @@ pub(super) struct Coordinator {
     /// Held by the commit to Kafka under way (until librdkafka answers, even past its
     /// timeout): commits to Kafka never run side by side, so they never reorder.
     pub(super) kafka_committing: Arc<tokio::sync::Mutex<()>>,
+    /// Partitions owned (their owner nodes are ours) whose start failed: the committed offset
+    /// could not be read, or librdkafka refused the assignment. Retried every
+    /// [`START_RETRY`] until started, revoked or expired: a partition that stayed idle until
+    /// the next rebalance would stay idle for good in a steady group.
+    pub(super) unstarted: Mutex<BTreeMap<TopicPartition, SessionId>>,
 }
+
+/// How often the start of an owned partition that failed to start is tried again.
+const START_RETRY: Duration = Duration::from_secs(1);
 
 /// How a commit treats the Kafka side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,8 +128,11 @@ impl Coordinator {
         let period = Duration::from_millis(self.config.offsets_commit_interval_ms);
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut retry = tokio::time::interval_at(tokio::time::Instant::now() + START_RETRY, START_RETRY);
+        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut leaving = false;
         loop {
+            let retrying = !self.unstarted().is_empty();
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => break,
@@ -137,6 +148,7 @@ impl Coordinator {
                     None => break,
                 },
                 _ = tick.tick() => self.commit_owned(Kafka::Background).await,
+                _ = retry.tick(), if retrying => self.retry_unstarted(&cancel).await,
             }
         }
         lag_cancel.cancel();
@@ -188,7 +200,7 @@ impl Coordinator {
                 }
                 let in_kafka = in_kafka.and_then(Result::ok);
                 for tp in partitions {
-                    self.assign(tp, session, cancel, in_kafka.as_ref()).await;
+                    self.assign(tp, session, cancel, in_kafka.as_ref(), START_ATTEMPTS).await;
                 }
             }
             MemberEvent::Revoking { partitions, ack } => {
@@ -209,6 +221,7 @@ impl Coordinator {
             }
             MemberEvent::Expired { partitions } => {
                 // Others may own them now: stop, and never commit them.
+                self.unstarted().retain(|tp, _| !partitions.contains(tp));
                 self.unassign(&partitions);
                 let mut state = lock(&self.state);
                 state.paused = false;
@@ -280,14 +293,38 @@ impl Coordinator {
         self.metric_labels(tp, |l| self.metrics.lag_status.with_label_values(l).set(status.code()));
     }
 
-    /// `in_kafka`: the group's offsets in Kafka read for the assignment (`None`: not read, or
-    /// the read failed).
+    /// The owned partitions still to start.
+    fn unstarted(&self) -> std::sync::MutexGuard<'_, BTreeMap<TopicPartition, SessionId>> {
+        self.unstarted.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Tries once more to start each owned partition whose start failed (see `unstarted`).
+    async fn retry_unstarted(&self, cancel: &CancellationToken) {
+        let due: Vec<(TopicPartition, SessionId)> =
+            self.unstarted().iter().map(|(tp, session)| (tp.clone(), *session)).collect();
+        let in_kafka = match self.config.offsets_storage.uses_kafka() {
+            true => self.kafka_committed(due.iter().map(|(tp, _)| tp.clone()).collect()).await.ok(),
+            false => None,
+        };
+        for (tp, session) in due {
+            if cancel.is_cancelled() {
+                return;
+            }
+            self.assign(tp, session, Some(cancel), in_kafka.as_ref(), 1).await;
+        }
+    }
+
+    /// Starts consuming `tp`, owned in `session`, from its start position. `in_kafka`: the
+    /// group's offsets in Kafka read for the assignment (`None`: not read, or the read
+    /// failed). The start position is read up to `attempts` times; a partition that cannot
+    /// be started is kept in `unstarted` and tried again every [`START_RETRY`].
     async fn assign(
         &self,
         tp: TopicPartition,
         session: SessionId,
         cancel: Option<&CancellationToken>,
         in_kafka: Option<&BTreeMap<TopicPartition, Option<i64>>>,
+        attempts: u32,
     ) {
         let mut delay = Duration::from_millis(100);
         let mut attempt = 0;
@@ -295,13 +332,13 @@ impl Coordinator {
             attempt += 1;
             match self.start_position(&tp, in_kafka).await {
                 Ok(position) => break position,
-                Err(e) if attempt < START_ATTEMPTS && cancel.is_some_and(|c| !c.is_cancelled()) => {
+                Err(e) if attempt < attempts && cancel.is_some_and(|c| !c.is_cancelled()) => {
                     tracing::warn!(component = %self.component, %tp, error = %e, "reading the start position; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }
                 Err(e) => {
-                    tracing::error!(component = %self.component, %tp, error = %e, "cannot start the partition; it stays idle until the next rebalance");
+                    self.not_started(tp, session, cancel, &e.to_string());
                     return;
                 }
             }
@@ -328,11 +365,35 @@ impl Coordinator {
         let mut tpl = TopicPartitionList::new();
         let added = tpl.add_partition_offset(tp.topic.as_str(), tp.partition.get(), offset);
         if let Err(e) = added.and_then(|()| self.consumer.incremental_assign(&tpl)) {
-            tracing::error!(component = %self.component, %tp, error = %e, "assigning the partition to the consumer");
             lock(&self.state).remove(&tp);
+            self.not_started(tp, session, cancel, &format!("assigning the partition to the consumer: {e}"));
             return;
         }
+        if self.unstarted().remove(&tp).is_some() {
+            tracing::info!(component = %self.component, %tp, "started at last after failed attempts");
+        }
         tracing::info!(component = %self.component, task = self.task, consumer = %self.handle.consumer_id(), %session, %tp, ?start, "consuming partition");
+    }
+
+    /// `tp`, owned in `session`, could not be started: tried again every [`START_RETRY`]
+    /// while the task runs (`cancel` is `None` during shutdown: then it is left).
+    fn not_started(
+        &self,
+        tp: TopicPartition,
+        session: SessionId,
+        cancel: Option<&CancellationToken>,
+        error: &str,
+    ) {
+        if cancel.is_none_or(CancellationToken::is_cancelled) {
+            tracing::warn!(component = %self.component, %tp, error, "cannot start the partition; shutting down");
+            return;
+        }
+        let first = self.unstarted().insert(tp.clone(), session).is_none();
+        if first {
+            tracing::error!(component = %self.component, %tp, error, "cannot start the partition; trying again every {} s while it is ours", START_RETRY.as_secs());
+        } else {
+            tracing::debug!(component = %self.component, %tp, error, "cannot start the partition yet");
+        }
     }
 
     /// Stop emitting from `partitions`, wait for their in-flight tuples (bounded), commit
@@ -342,6 +403,7 @@ impl Coordinator {
         partitions: &BTreeSet<TopicPartition>,
         cancel: Option<&CancellationToken>,
     ) {
+        self.unstarted().retain(|tp, _| !partitions.contains(tp));
         {
             let mut state = lock(&self.state);
             for tp in partitions {

@@ -54,7 +54,8 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
 /// How often a spout whose join after activation failed tries again.
 const JOIN_RETRY: Duration = Duration::from_secs(5);
-/// Attempts at reading a newly assigned partition's start position before leaving it idle.
+/// Attempts at reading a newly assigned partition's start position before it waits for the
+/// coordinator's retry (`coordinator::START_RETRY`).
 const START_ATTEMPTS: u32 = 5;
 /// Acks buffered before they are applied even if the executor's batch goes on (bounds the
 /// buffer when an executor delivers many verdicts at once).
@@ -207,6 +208,7 @@ impl KafkaSpout {
             leave_timeout: message_timeout + Duration::from_secs(1),
             lag_windows: Mutex::new(HashMap::new()),
             kafka_behind: Mutex::new(Default::default()),
+            unstarted: Mutex::new(Default::default()),
             kafka_committing: Arc::new(tokio::sync::Mutex::new(())),
         };
         let runtime = tokio::runtime::Builder::new_current_thread()

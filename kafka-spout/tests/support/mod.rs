@@ -217,8 +217,13 @@ impl Zk {
 
     /// Overwrites (or creates) a committed offset, as `squall offsets reset` does.
     pub fn reset_committed(&self, group: &str, topic: &str, partition: i32, offset: i64) {
+        self.write_committed(group, topic, partition, offset.to_string().as_bytes());
+    }
+
+    /// Overwrites (or creates) the offset node of a partition with `bytes`, a number or not.
+    pub fn write_committed(&self, group: &str, topic: &str, partition: i32, bytes: &[u8]) {
         let path = format!("/consumers/{group}/offsets/{topic}/{partition}");
-        self.runtime.block_on(self.session.set_or_create(&path, offset.to_string().as_bytes())).unwrap();
+        self.runtime.block_on(self.session.set_or_create(&path, bytes)).unwrap();
     }
 
     /// The registered members of `group` (`/consumers/<group>/ids`).
