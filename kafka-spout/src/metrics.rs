@@ -15,6 +15,8 @@ pub struct SpoutMetrics {
     pub(crate) given_up: IntCounterVec,
     pub(crate) stale_acks: IntCounterVec,
     pub(crate) out_of_range: IntCounterVec,
+    /// Fetches given back unemitted because the ownership lease had run out.
+    pub(crate) given_back: IntCounterVec,
     pub(crate) committed_offset: IntGaugeVec,
     pub(crate) log_end_offset: IntGaugeVec,
     pub(crate) lag: IntGaugeVec,
@@ -97,6 +99,12 @@ impl SpoutMetrics {
                 registry,
                 "squall_spout_offset_out_of_range_total",
                 "Offsets out of the broker's range, reset by auto.offset.reset",
+                TP,
+            )?,
+            given_back: counter(
+                registry,
+                "squall_spout_fetches_given_back_total",
+                "Fetched batches of the partition given back unemitted because the ownership lease had run out (the process stopped or stalled past its ZooKeeper session); the partition is read again from the batch's first offset",
                 TP,
             )?,
             committed_offset: gauge(

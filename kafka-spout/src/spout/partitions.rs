@@ -46,6 +46,7 @@ pub(super) struct PartState {
     pub(super) replayed: IntCounter,
     pub(super) given_up: IntCounter,
     pub(super) out_of_range: IntCounter,
+    pub(super) given_back: IntCounter,
 }
 
 impl PartState {
@@ -133,8 +134,6 @@ pub(super) struct TaskState {
     pub(super) resets_pending: u32,
     /// Some partition has `rewind_to` set.
     pub(super) rewinds_pending: bool,
-    /// Fetched batches given back because the lease ran out during the call.
-    pub(super) batches_given_back: u64,
 }
 
 impl TaskState {
@@ -197,6 +196,7 @@ impl TaskState {
             replayed: metrics.replayed.with_label_values(&labels),
             given_up: metrics.given_up.with_label_values(&labels),
             out_of_range: metrics.out_of_range.with_label_values(&labels),
+            given_back: metrics.given_back.with_label_values(&labels),
             tp,
         };
         self.slots.entry(part.tp.topic.to_string()).or_default().insert(part.tp.partition.get(), slot);
