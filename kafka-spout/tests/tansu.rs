@@ -355,7 +355,7 @@ fn child_worker() {
 struct Children {
     dir: std::path::PathBuf,
     _temporary: Option<tempfile::TempDir>,
-    logs: std::sync::Mutex<Vec<std::path::PathBuf>>,
+    logs: Vec<std::path::PathBuf>,
 }
 
 /// Lines of each child's log printed with a failure.
@@ -371,17 +371,16 @@ impl Children {
             }
         };
         std::fs::create_dir_all(&dir).unwrap();
-        Children { dir, _temporary: temporary, logs: std::sync::Mutex::new(Vec::new()) }
+        Children { dir, _temporary: temporary, logs: Vec::new() }
     }
 
     /// Starts a worker process running the pipeline `spec` describes (see `child_worker`).
-    fn start(&self, spec: &str) -> Child {
+    fn start(&mut self, spec: &str) -> Child {
         let name: String =
             spec.rsplit('|').next().unwrap_or("child").chars().filter(char::is_ascii_alphanumeric).collect();
-        let mut logs = self.logs.lock().unwrap();
-        let path = self.dir.join(format!("{name}-{}.log", logs.len() + 1));
+        let path = self.dir.join(format!("{name}-{}.log", self.logs.len() + 1));
         let file = std::fs::File::create(&path).unwrap();
-        logs.push(path);
+        self.logs.push(path);
         let mut command = Command::new("setpriv");
         command
             .args(["--pdeathsig", "KILL", "--"])
@@ -404,7 +403,7 @@ impl Drop for Children {
         if !std::thread::panicking() {
             return;
         }
-        for path in self.logs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter() {
+        for path in &self.logs {
             let text = std::fs::read_to_string(path).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             let tail = &lines[lines.len().saturating_sub(LOG_TAIL)..];
@@ -426,7 +425,7 @@ fn a_killed_worker_resumes_from_committed_offsets() {
     let registry = Zk::connect(&Ensemble::zookeeper(zk.clone()));
     produce(&tansu.bootstrap(), "in4", 4, 0..20_000);
     let spec = format!("{}|{}|in4|out4", tansu.bootstrap(), zk);
-    let children = Children::new("killed");
+    let mut children = Children::new("killed");
     let mut first = children.start(&spec);
     // Kill it mid-stream: once something is committed, long before everything is.
     let committed = || (0..4).map(|p| registry.committed("g", "in4", p).unwrap_or(0)).collect::<Vec<i64>>();
@@ -505,7 +504,7 @@ fn a_worker_stopped_past_its_session_emits_nothing_it_no_longer_owns() {
     let next = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producing = produce_paced(tansu.bootstrap(), "in9", 8, 250, next.clone(), stop.clone());
-    let children = Children::new("pause");
+    let mut children = Children::new("pause");
     let mut a = children.start(&format!("{}|{}|in9|out9|pauseA", tansu.bootstrap(), zk));
     let mut b = children.start(&format!("{}|{}|in9|out9|pauseB", tansu.bootstrap(), zk));
     let owned_by = |owners: &BTreeMap<i32, String>, prefix: &str| -> BTreeSet<i32> {

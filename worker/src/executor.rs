@@ -127,6 +127,16 @@ pub(crate) struct RunningExecutor {
 /// Marks an executor dead when its thread unwinds (a spout or bolt panicked).
 struct DeathWatch(Arc<AtomicBool>);
 
+impl DeathWatch {
+    /// `run`, as an executor thread's body watched by this guard.
+    fn around(self, run: impl FnOnce() + Send + 'static) -> impl FnOnce() + Send + 'static {
+        move || {
+            let _watch = self;
+            run();
+        }
+    }
+}
+
 impl Drop for DeathWatch {
     fn drop(&mut self) {
         if std::thread::panicking() {
@@ -245,11 +255,8 @@ pub(crate) fn spawn(
         (Some(ComponentKind::Spout(factory)), ExecutorInbox::Queue(inbox)) => {
             let spouts: Vec<Box<dyn Spout>> = tasks.iter().map(|_| factory()).collect();
             let st = stats.clone();
-            let spawned = builder.spawn(move || {
-                let _watch = watch;
-                run_spout(shared2, emitter, inbox, spouts, contexts, st, acker_em);
-            });
-            (spawned, true)
+            let run = move || run_spout(shared2, emitter, inbox, spouts, contexts, st, acker_em);
+            (builder.spawn(watch.around(run)), true)
         }
         (Some(ComponentKind::Bolt(factory)), inbox) => {
             let cell = match inbox {
@@ -258,18 +265,11 @@ pub(crate) fn spawn(
             };
             let bolts: Vec<Box<dyn Bolt>> = tasks.iter().map(|_| factory()).collect();
             let st = stats.clone();
-            let spawned = builder.spawn(move || {
-                let _watch = watch;
-                run_bolt(shared2, emitter, cell, bolts, contexts, st, inline);
-            });
-            (spawned, false)
+            let run = move || run_bolt(shared2, emitter, cell, bolts, contexts, st, inline);
+            (builder.spawn(watch.around(run)), false)
         }
         (None, ExecutorInbox::Queue(inbox)) if component.as_str() == ACKER_COMPONENT => {
-            let spawned = builder.spawn(move || {
-                let _watch = watch;
-                run_acker(shared2, emitter, inbox);
-            });
-            (spawned, false)
+            (builder.spawn(watch.around(move || run_acker(shared2, emitter, inbox))), false)
         }
         (None, ExecutorInbox::Queue(_)) => {
             return Err(Error::Executor {

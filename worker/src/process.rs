@@ -525,10 +525,7 @@ async fn run_session(
                 if let Some((executor, component)) = worker.runtime.dead_executor() {
                     let reason = "a spout or bolt panicked and its thread died; the worker exits so that its supervisor restarts it".to_owned();
                     tracing::error!(%component, %executor, "{reason}");
-                    let info = ErrorInfo { error: format!("executor {executor}: {reason}"), time_secs: now_secs(), host: args.hostname.clone(), port: args.port };
-                    if let Err(e) = report_error(session, paths, id, &component, &info, config.errors_kept).await {
-                        tracing::warn!(error = %e, "cannot report an error to ZooKeeper");
-                    }
+                    report_here(args, config, session, paths, &component, format!("executor {executor}: {reason}")).await;
                     fatal = Some(Error::Executor { executor: executor.to_string(), reason });
                     break;
                 }
@@ -582,10 +579,7 @@ async fn run_session(
                 if throttle.allow(&report.component, Instant::now()) {
                     // A component's error may quote its params (`squall errors` shows it).
                     let error = cluster_state::secrets::redact_known(&report.error).into_owned();
-                    let info = ErrorInfo { error, time_secs: now_secs(), host: args.hostname.clone(), port: args.port };
-                    if let Err(e) = report_error(session, paths, id, &report.component, &info, config.errors_kept).await {
-                        tracing::warn!(error = %e, "cannot report an error to ZooKeeper");
-                    }
+                    report_here(args, config, session, paths, &report.component, error).await;
                 }
             }
         }
@@ -655,6 +649,24 @@ async fn run_session(
 }
 
 /// Writes one error as `/storm/errors/<topology>/<component>/e<seq>` and prunes to the newest `keep`.
+/// Writes `error` of `component` to `/storm/errors` as this worker's (its host and port); a
+/// write that fails is logged and the worker goes on.
+async fn report_here(
+    args: &WorkerArgs,
+    config: &WorkerConfig,
+    session: &Session,
+    paths: &StormPaths,
+    component: &ComponentId,
+    error: String,
+) {
+    let info = ErrorInfo { error, time_secs: now_secs(), host: args.hostname.clone(), port: args.port };
+    if let Err(e) =
+        report_error(session, paths, &args.topology_id, component, &info, config.errors_kept).await
+    {
+        tracing::warn!(error = %e, "cannot report an error to ZooKeeper");
+    }
+}
+
 pub async fn report_error(
     session: &Session,
     paths: &StormPaths,

@@ -101,7 +101,8 @@ mod spawn;
 pub mod tls;
 mod wait;
 
-pub use ports::{free_port, try_free_port};
+pub use ports::free_port;
+use ports::try_free_port;
 pub use relay::TcpRelay;
 pub use wait::{eventually, eventually_true, wait_for, wait_until};
 

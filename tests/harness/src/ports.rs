@@ -30,7 +30,7 @@ pub fn free_port() -> u16 {
 }
 
 /// [`free_port`], with the failure as an error.
-pub fn try_free_port() -> io::Result<u16> {
+pub(crate) fn try_free_port() -> io::Result<u16> {
     let high = ephemeral_low().max(LOWEST + 1_000);
     let mut given = GIVEN.lock().unwrap_or_else(PoisonError::into_inner);
     let mut state = seed();
