@@ -36,6 +36,7 @@ pub enum Value {
 
 impl Value {
     /// The text, if this is a [`Value::Str`].
+    #[inline]
     pub fn as_str(&self) -> Option<&str> {
         match self {
             Value::Str(s) => Some(s),
@@ -44,6 +45,7 @@ impl Value {
     }
 
     /// The integer, if this is a [`Value::Int`].
+    #[inline]
     pub fn as_int(&self) -> Option<i64> {
         match self {
             Value::Int(i) => Some(*i),
@@ -52,6 +54,7 @@ impl Value {
     }
 
     /// The float, if this is a [`Value::Float`] (or an [`Value::Int`], widened).
+    #[inline]
     pub fn as_float(&self) -> Option<f64> {
         match self {
             Value::Float(f) => Some(*f),
@@ -61,6 +64,7 @@ impl Value {
     }
 
     /// The bytes, if this is a [`Value::Bytes`].
+    #[inline]
     pub fn as_bytes(&self) -> Option<&Bytes> {
         match self {
             Value::Bytes(b) => Some(b),
@@ -475,13 +479,17 @@ impl From<u64> for AckVal {
     }
 }
 
+// The small accessors below are `#[inline]` so that bolts in other crates can inline them
+// (a plain function is not inlined across crates without LTO).
 impl Tuple {
     /// The values, in field order.
+    #[inline]
     pub fn values(&self) -> &[Value] {
         &self.values
     }
 
     /// The value at `index`.
+    #[inline]
     pub fn get(&self, index: usize) -> Option<&Value> {
         self.values.get(index)
     }
@@ -492,11 +500,13 @@ impl Tuple {
     }
 
     /// The text at `index`, if it is text.
+    #[inline]
     pub fn get_str(&self, index: usize) -> Option<&str> {
         self.get(index).and_then(Value::as_str)
     }
 
     /// The integer at `index`, if it is one.
+    #[inline]
     pub fn get_int(&self, index: usize) -> Option<i64> {
         self.get(index).and_then(Value::as_int)
     }
@@ -517,11 +527,13 @@ impl Tuple {
     }
 
     /// The emitting task.
+    #[inline]
     pub fn source_task(&self) -> TaskId {
         self.source_task
     }
 
     /// Whether this is a tick tuple (Storm's `TupleUtils.isTick`).
+    #[inline]
     pub fn is_tick(&self) -> bool {
         self.meta.stream == TICK_STREAM && self.meta.component.as_str() == SYSTEM_COMPONENT
     }
