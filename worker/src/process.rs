@@ -648,7 +648,6 @@ async fn run_session(
     fatal.map_or(Ok(()), Err)
 }
 
-/// Writes one error as `/storm/errors/<topology>/<component>/e<seq>` and prunes to the newest `keep`.
 /// Writes `error` of `component` to `/storm/errors` as this worker's (its host and port); a
 /// write that fails is logged and the worker goes on.
 async fn report_here(
@@ -667,6 +666,7 @@ async fn report_here(
     }
 }
 
+/// Writes one error as `/storm/errors/<topology>/<component>/e<seq>` and prunes to the newest `keep`.
 pub async fn report_error(
     session: &Session,
     paths: &StormPaths,
