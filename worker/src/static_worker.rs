@@ -119,7 +119,7 @@ pub struct TransportOptions {
     pub bind_host: String,
     /// The topology's secret: peers prove they hold it (see `transport`).
     pub secret: TopologySecret,
-    /// Inbound connections open at once ([`WorkerConfig::max_peer_connections`]).
+    /// Inbound connections open at once ([`WorkerConfig::max_peer_connections`](crate::process::WorkerConfig::max_peer_connections)).
     pub max_connections: usize,
     /// Mutual TLS with the topology's key, derived from `secret` ([`TransportTls`]):
     /// `topology.transport.tls`. Every worker of a topology must agree.
@@ -138,7 +138,7 @@ impl TransportOptions {
     }
 }
 
-/// One worker's executors and connections for a given plan, without ZooKeeper: what [`run`]
+/// One worker's executors and connections for a given plan, without ZooKeeper: what [`run`](crate::process::run)
 /// drives, and what benchmarks and embedders can use with an assignment of their own.
 #[derive(Debug)]
 pub struct StaticWorker {

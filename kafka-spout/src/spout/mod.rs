@@ -404,7 +404,7 @@ impl Spout for KafkaSpout {
         }
     }
 
-    /// Leaves the consumer group (see [`Request::Leave`]): acks keep arriving meanwhile, so
+    /// Leaves the consumer group (see `Request::Leave`): acks keep arriving meanwhile, so
     /// the drain happens on the coordinator and this returns at once.
     fn deactivate(&mut self) {
         if let Some(r) = &mut self.running {

@@ -6,7 +6,7 @@
 //! Frame: `u32` big-endian payload length, then the payload. A connection opens with a
 //! handshake (`auth.rs`): the sender's hello (`SQL2`, a nonce, the topology id), then each side
 //! proves it holds the topology's secret over the other's nonce (HMAC-SHA256); a connection
-//! that fails it, or has not completed it within [`HANDSHAKE_TIMEOUT`](auth::HANDSHAKE_TIMEOUT),
+//! that fails it, or has not completed it within `auth::HANDSHAKE_TIMEOUT` (5 s),
 //! is closed and counted. Every later frame is a batch: `u32` count, then envelopes:
 //!
 //! ```text
@@ -32,7 +32,7 @@
 //! thread, reads each authenticated connection with a thread of its own whose buffer grows
 //! only as bytes arrive, and forgets a connection when its thread ends.
 //!
-//! Layout: `codec.rs` (the wire format, [`FrameBuf`](codec::FrameBuf)), `auth.rs` (secret and
+//! Layout: `codec.rs` (the wire format, `FrameBuf`), `auth.rs` (secret and
 //! handshake), `tls.rs` ([`TransportTls`], [`PeerStream`]), `send.rs` (`PeerSender`),
 //! `receive.rs` (`PeerReceiver`).
 
