@@ -255,7 +255,8 @@ pub(crate) fn spawn(
         (Some(ComponentKind::Spout(factory)), ExecutorInbox::Queue(inbox)) => {
             let spouts: Vec<Box<dyn Spout>> = tasks.iter().map(|_| factory()).collect();
             let st = stats.clone();
-            let run = move || run_spout(shared2, emitter, inbox, spouts, contexts, st, acker_em);
+            let died = died.clone();
+            let run = move || run_spout(shared2, emitter, inbox, spouts, contexts, st, acker_em, &died);
             (builder.spawn(watch.around(run)), true)
         }
         (Some(ComponentKind::Bolt(factory)), inbox) => {
@@ -288,16 +289,24 @@ pub(crate) fn spawn(
     Ok((RunningExecutor { id, component, stats, thread: Some(thread), is_spout, died }, acker_entry))
 }
 
-fn report_start_failure(em: &mut Emitter, ctx: &TopologyContext, reason: String) {
+/// A spout's `open` or a bolt's `prepare` failed: the error goes to `/storm/errors` and the
+/// executor is marked dead, as if it had panicked. Storm's executor dies with its worker when
+/// `open` / `prepare` throws, and its supervisor starts a fresh worker (`squall worker` does,
+/// `process::run`); running on without the executor left its queue filling up and every
+/// tree through it timing out, with only the error to tell why.
+fn report_start_failure(em: &mut Emitter, ctx: &TopologyContext, reason: String, died: &AtomicBool) {
     let err = Error::ComponentStart { component: ctx.component_id.to_string(), task: ctx.task_id.0, reason };
+    tracing::error!(component = %ctx.component_id, task = %ctx.task_id, error = %err, "a component could not start; its executor stops");
     em.report_error(err.to_string());
     em.flush();
+    died.store(true, Ordering::Release);
 }
 
 // One function over 100 lines, on purpose: the spout executor's loop (verdicts, timeouts,
 // activation, `next_tuple`, publishing stats) runs per batch, and its state lives in locals the
 // compiler keeps in registers; the pieces that are not per batch are functions of their own
 // (`on_done`, `fail_all`).
+#[allow(clippy::too_many_arguments)]
 fn run_spout(
     shared: Shared,
     mut em: Emitter,
@@ -306,11 +315,13 @@ fn run_spout(
     contexts: Vec<TopologyContext>,
     stats: Arc<ExecStats>,
     acker: Option<Emitter>,
+    died: &AtomicBool,
 ) {
     for (spout, ctx) in spouts.iter_mut().zip(&contexts) {
         if let Err(e) = spout.open(ctx) {
-            report_start_failure(&mut em, ctx, e.to_string());
-            // The worker's acker still serves the other spouts' trees.
+            report_start_failure(&mut em, ctx, e.to_string(), died);
+            // The worker's acker still serves the other spouts' trees until the worker exits
+            // (and for as long as a local cluster runs on).
             if let Some(acker) = acker {
                 run_acker(shared, acker, inbox);
             }
@@ -672,7 +683,7 @@ fn run_bolt(
 ) {
     for (bolt, ctx) in bolts.iter_mut().zip(&contexts) {
         if let Err(e) = bolt.prepare(ctx) {
-            report_start_failure(&mut em, ctx, e.to_string());
+            report_start_failure(&mut em, ctx, e.to_string(), &cell.died);
             return;
         }
     }

@@ -519,11 +519,15 @@ async fn run_session(
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = local_beat.tick() => {
-                // A spout or bolt panicked and its executor's thread is gone: like Storm's
-                // worker, report it and exit, so that the supervisor starts a fresh worker
-                // instead of this one timing out every tree that needs the dead executor.
+                // A spout or bolt panicked, or could not open / prepare, and its executor is
+                // gone: like Storm's worker, report it and exit, so that the supervisor starts
+                // a fresh worker instead of this one timing out every tree that needs the dead
+                // executor. The errors already reported go first (a failed `prepare`'s own).
                 if let Some((executor, component)) = worker.runtime.dead_executor() {
-                    let reason = "a spout or bolt panicked and its thread died; the worker exits so that its supervisor restarts it".to_owned();
+                    while let Ok(report) = err_rx.try_recv() {
+                        report_component_error(args, config, session, paths, &mut throttle, report).await;
+                    }
+                    let reason = "a spout or bolt panicked or could not open / prepare, and its executor stopped; the worker exits so that its supervisor restarts it".to_owned();
                     tracing::error!(%component, %executor, "{reason}");
                     report_here(args, config, session, paths, &component, format!("executor {executor}: {reason}")).await;
                     fatal = Some(Error::Executor { executor: executor.to_string(), reason });
@@ -576,11 +580,7 @@ async fn run_session(
             _ = fired(&mut assign_watch) => { assign_watch = None; reconcile = true; }
             _ = fired(&mut base_watch) => { base_watch = None; reconcile = true; }
             Some(report) = err_rx.recv() => {
-                if throttle.allow(&report.component, Instant::now()) {
-                    // A component's error may quote its params (`squall errors` shows it).
-                    let error = cluster_state::secrets::redact_known(&report.error).into_owned();
-                    report_here(args, config, session, paths, &report.component, error).await;
-                }
+                report_component_error(args, config, session, paths, &mut throttle, report).await;
             }
         }
         if reconcile {
@@ -646,6 +646,22 @@ async fn run_session(
     let _ = metrics_server.await;
     tracing::info!(topology = %id, port = args.port, "worker stopped");
     fatal.map_or(Ok(()), Err)
+}
+
+/// Writes an error a component reported, redacted (it may quote the component's params, and
+/// `squall errors` shows it), unless the component is over `throttle`'s rate.
+async fn report_component_error(
+    args: &WorkerArgs,
+    config: &WorkerConfig,
+    session: &Session,
+    paths: &StormPaths,
+    throttle: &mut ErrorThrottle,
+    report: ErrorReport,
+) {
+    if throttle.allow(&report.component, Instant::now()) {
+        let error = cluster_state::secrets::redact_known(&report.error).into_owned();
+        report_here(args, config, session, paths, &report.component, error).await;
+    }
 }
 
 /// Writes `error` of `component` to `/storm/errors` as this worker's (its host and port); a

@@ -232,7 +232,8 @@ impl WorkerRuntime {
             .collect()
     }
 
-    /// An executor whose thread died because a spout or bolt panicked: its id and component.
+    /// An executor that died because a spout or bolt panicked, or could not open / prepare:
+    /// its id and component.
     /// The worker cannot run its topology without it; Storm's worker then exits so that its
     /// supervisor starts a fresh one (`squall worker` does, `process::run`).
     pub fn dead_executor(&self) -> Option<(ExecutorId, ComponentId)> {

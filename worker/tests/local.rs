@@ -879,3 +879,44 @@ fn a_spouts_long_pass_hands_its_tuples_over_as_it_emits() {
     let first = at_first.load(Ordering::Relaxed);
     assert!(first < 600, "the first tuple arrived after {first} of {n} were emitted");
 }
+
+/// A spout that cannot open (a missing file, say).
+struct Unopened;
+
+impl Spout for Unopened {
+    fn declare_outputs(&self, d: &mut OutputDeclarer) {
+        d.declare(Fields::new(["id", "key"]));
+    }
+
+    fn open(&mut self, _: &TopologyContext) -> Result<(), ComponentError> {
+        Err("no such file: offsets.db".into())
+    }
+
+    fn next_tuple(&mut self, _: &mut SpoutCollector<'_>) -> Result<(), ComponentError> {
+        panic!("next_tuple of a spout that did not open");
+    }
+}
+
+/// A spout whose `open` fails leaves its executor known dead, as a panic does (a worker process
+/// then exits and its supervisor starts a fresh one, as Storm's does), and never emits; a local
+/// cluster runs on, and the other spout's trees still complete, through the acker whichever
+/// spout's thread it shares.
+#[test]
+fn a_spout_that_cannot_open_leaves_its_executor_known_dead_and_the_others_running() {
+    let n = 200;
+    let rec = Arc::new(Mutex::new(SpoutRecord::default()));
+    let seen: Seen = Arc::default();
+    let mut b = TopologyBuilder::new("unopened");
+    b.set_spout("broken", 1, || Unopened);
+    let r = rec.clone();
+    b.set_spout("ok", 1, move || TestSpout::new(n, &r));
+    let s = seen.clone();
+    b.set_bolt("sink", 1, move || Recorder { seen: s.clone() })
+        .shuffle_grouping("broken")
+        .shuffle_grouping("ok");
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    assert_eq!(dead_component(&cluster), "broken");
+    wait_for(Duration::from_secs(30), "every tree of the other spout acked", || acked(&rec) == n as usize);
+    assert_eq!(seen.lock().unwrap().len(), n as usize, "only the other spout's tuples arrived");
+    cluster.shutdown(Duration::from_secs(1));
+}

@@ -22,7 +22,9 @@ use worker::builtin::{SentenceParams, SentenceSpout, SplitSentence, WordCount};
 use worker::layout::TaskLayout;
 use worker::process::{WorkerArgs, WorkerConfig, read_local_heartbeat, report_error, run};
 use worker::transport::TopologySecret;
-use worker::{Bolt, BoltCollector, ComponentError, Topology, TopologyBuilder, TopologyConfig, Tuple};
+use worker::{
+    Bolt, BoltCollector, ComponentError, Topology, TopologyBuilder, TopologyConfig, TopologyContext, Tuple,
+};
 
 use test_harness::free_port;
 
@@ -303,6 +305,46 @@ async fn a_worker_whose_bolt_panics_reports_it_and_exits_with_an_error() {
     assert_eq!(names.len(), 1, "one error report");
     let (info, _) = c.session.read::<ErrorInfo>(&format!("{dir}/{}", names[0])).await.unwrap();
     assert!(info.error.contains("panicked") && info.error.contains("restarts"), "{}", info.error);
+}
+
+/// Cannot prepare (a model file it needs is missing, say).
+struct Unprepared;
+
+impl Bolt for Unprepared {
+    fn prepare(&mut self, _: &TopologyContext) -> Result<(), ComponentError> {
+        Err("model file /models/words.bin is missing".into())
+    }
+
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        out.ack(input);
+        Ok(())
+    }
+}
+
+/// Storm's worker dies when a bolt's `prepare` throws: a worker whose bolt cannot prepare
+/// reports the bolt's own error, then that it exits, and exits with an error (its supervisor
+/// starts a fresh one) instead of running on without the executor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_bolt_cannot_prepare_reports_why_and_exits_with_an_error() {
+    let (c, _slot, _t, h) = sentences_into("unprepared", || Unprepared).await;
+    let result = tokio::time::timeout(Duration::from_secs(30), h).await.expect("the worker exits").unwrap();
+    match result {
+        Err(worker::Error::Executor { reason, .. }) => assert!(reason.contains("prepare"), "{reason}"),
+        other => panic!("expected an executor error, got {other:?}"),
+    }
+    let dir = c.paths.errors_component(&c.id, &ComponentId::new("unprepared").unwrap());
+    let mut names = c.session.children(&dir).await.unwrap();
+    names.sort();
+    let mut errors = Vec::new();
+    for name in &names {
+        errors.push(c.session.read::<ErrorInfo>(&format!("{dir}/{name}")).await.unwrap().0.error);
+    }
+    assert_eq!(errors.len(), 2, "the bolt's error, then the exit: {errors:?}");
+    assert!(
+        errors[0].contains("failed to start") && errors[0].contains("/models/words.bin is missing"),
+        "{errors:?}"
+    );
+    assert!(errors[1].contains("restarts"), "{errors:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
