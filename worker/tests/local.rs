@@ -880,8 +880,10 @@ fn a_spouts_long_pass_hands_its_tuples_over_as_it_emits() {
     assert!(first < 600, "the first tuple arrived after {first} of {n} were emitted");
 }
 
-/// A spout that cannot open (a missing file, say).
-struct Unopened;
+/// A spout that cannot open (a missing file, say); notes whether it was asked for tuples anyway.
+struct Unopened {
+    asked: Arc<AtomicBool>,
+}
 
 impl Spout for Unopened {
     fn declare_outputs(&self, d: &mut OutputDeclarer) {
@@ -893,7 +895,8 @@ impl Spout for Unopened {
     }
 
     fn next_tuple(&mut self, _: &mut SpoutCollector<'_>) -> Result<(), ComponentError> {
-        panic!("next_tuple of a spout that did not open");
+        self.asked.store(true, Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -906,8 +909,10 @@ fn a_spout_that_cannot_open_leaves_its_executor_known_dead_and_the_others_runnin
     let n = 200;
     let rec = Arc::new(Mutex::new(SpoutRecord::default()));
     let seen: Seen = Arc::default();
+    let asked = Arc::new(AtomicBool::new(false));
     let mut b = TopologyBuilder::new("unopened");
-    b.set_spout("broken", 1, || Unopened);
+    let a = asked.clone();
+    b.set_spout("broken", 1, move || Unopened { asked: a.clone() });
     let r = rec.clone();
     b.set_spout("ok", 1, move || TestSpout::new(n, &r));
     let s = seen.clone();
@@ -918,5 +923,6 @@ fn a_spout_that_cannot_open_leaves_its_executor_known_dead_and_the_others_runnin
     assert_eq!(dead_component(&cluster), "broken");
     wait_for(Duration::from_secs(30), "every tree of the other spout acked", || acked(&rec) == n as usize);
     assert_eq!(seen.lock().unwrap().len(), n as usize, "only the other spout's tuples arrived");
+    assert!(!asked.load(Ordering::Relaxed), "a spout that did not open was never asked for tuples");
     cluster.shutdown(Duration::from_secs(1));
 }
