@@ -293,10 +293,9 @@ pub(crate) fn spawn(
 /// executor is marked dead, as if it had panicked. Storm's executor dies with its worker when
 /// `open` / `prepare` throws, and its supervisor starts a fresh worker (`squall worker` does,
 /// `process::run`); running on without the executor left its queue filling up and every
-/// tree through it timing out, with only the error to tell why.
+/// tree through it timing out, with only the error to tell why. (`report_error` logs it.)
 fn report_start_failure(em: &mut Emitter, ctx: &TopologyContext, reason: String, died: &AtomicBool) {
     let err = Error::ComponentStart { component: ctx.component_id.to_string(), task: ctx.task_id.0, reason };
-    tracing::error!(component = %ctx.component_id, task = %ctx.task_id, error = %err, "a component could not start; its executor stops");
     em.report_error(err.to_string());
     em.flush();
     died.store(true, Ordering::Release);
