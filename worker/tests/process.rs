@@ -290,21 +290,37 @@ impl Bolt for Panicking {
     }
 }
 
+/// The reason of the executor error the worker `h` exits with, within 30 s.
+async fn executor_exit_reason(h: tokio::task::JoinHandle<worker::Result<()>>) -> String {
+    let result = tokio::time::timeout(Duration::from_secs(30), h).await.expect("the worker exits").unwrap();
+    match result {
+        Err(worker::Error::Executor { reason, .. }) => reason,
+        other => panic!("expected an executor error, got {other:?}"),
+    }
+}
+
+/// The texts of `component`'s error reports under `/storm/errors`, oldest first.
+async fn reported_errors(c: &Cluster, component: &str) -> Vec<String> {
+    let dir = c.paths.errors_component(&c.id, &ComponentId::new(component).unwrap());
+    let mut names = c.session.children(&dir).await.unwrap();
+    names.sort();
+    let mut errors = Vec::new();
+    for name in &names {
+        errors.push(c.session.read::<ErrorInfo>(&format!("{dir}/{name}")).await.unwrap().0.error);
+    }
+    errors
+}
+
 /// Storm's executor dies with its worker: a worker whose bolt panicked reports it and exits with
 /// an error (its supervisor starts a fresh one) instead of running on without the executor.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_bolt_panics_reports_it_and_exits_with_an_error() {
     let (c, _slot, _t, h) = sentences_into("panicking", || Panicking).await;
-    let result = tokio::time::timeout(Duration::from_secs(30), h).await.expect("the worker exits").unwrap();
-    match result {
-        Err(worker::Error::Executor { reason, .. }) => assert!(reason.contains("panicked"), "{reason}"),
-        other => panic!("expected an executor error, got {other:?}"),
-    }
-    let dir = c.paths.errors_component(&c.id, &ComponentId::new("panicking").unwrap());
-    let names = c.session.children(&dir).await.unwrap();
-    assert_eq!(names.len(), 1, "one error report");
-    let (info, _) = c.session.read::<ErrorInfo>(&format!("{dir}/{}", names[0])).await.unwrap();
-    assert!(info.error.contains("panicked") && info.error.contains("restarts"), "{}", info.error);
+    let reason = executor_exit_reason(h).await;
+    assert!(reason.contains("panicked"), "{reason}");
+    let errors = reported_errors(&c, "panicking").await;
+    assert_eq!(errors.len(), 1, "one error report");
+    assert!(errors[0].contains("panicked") && errors[0].contains("restarts"), "{}", errors[0]);
 }
 
 /// Cannot prepare (a model file it needs is missing, say).
@@ -327,18 +343,9 @@ impl Bolt for Unprepared {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_bolt_cannot_prepare_reports_why_and_exits_with_an_error() {
     let (c, _slot, _t, h) = sentences_into("unprepared", || Unprepared).await;
-    let result = tokio::time::timeout(Duration::from_secs(30), h).await.expect("the worker exits").unwrap();
-    match result {
-        Err(worker::Error::Executor { reason, .. }) => assert!(reason.contains("prepare"), "{reason}"),
-        other => panic!("expected an executor error, got {other:?}"),
-    }
-    let dir = c.paths.errors_component(&c.id, &ComponentId::new("unprepared").unwrap());
-    let mut names = c.session.children(&dir).await.unwrap();
-    names.sort();
-    let mut errors = Vec::new();
-    for name in &names {
-        errors.push(c.session.read::<ErrorInfo>(&format!("{dir}/{name}")).await.unwrap().0.error);
-    }
+    let reason = executor_exit_reason(h).await;
+    assert!(reason.contains("prepare"), "{reason}");
+    let errors = reported_errors(&c, "unprepared").await;
     assert_eq!(errors.len(), 2, "the bolt's error, then the exit: {errors:?}");
     assert!(
         errors[0].contains("failed to start") && errors[0].contains("/models/words.bin is missing"),
