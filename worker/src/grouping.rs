@@ -139,6 +139,12 @@ impl Chooser {
         Chooser { kind, tasks, only }
     }
 
+    /// The task every tuple goes to, when there is no choice (one task; not direct).
+    #[inline]
+    pub(crate) fn only(&self) -> Option<TaskId> {
+        self.only
+    }
+
     /// Whether this subscriber only takes direct emits.
     pub fn is_direct(&self) -> bool {
         matches!(self.kind, Kind::Direct)
