@@ -511,8 +511,8 @@ mod tests {
             "äpfel über straße 水 🌧 squall",
             "a b c d e f g h i j k l m n o p q r s t u v w x y z",
         ];
-        // Longer than a 64-byte block: spaces and multi-byte characters on and around the
-        // block edges, words across them, runs of spaces across them.
+        // Spaces, runs of spaces and multi-byte characters on and around every edge of the
+        // eight-byte words the search reads, and words longer than one.
         let mut long: Vec<String> = Vec::new();
         for len in [63, 64, 65, 127, 128, 129, 200] {
             for word in ["x", "ab", "äb", "水", "seven", "dwarfs"] {
