@@ -328,12 +328,11 @@ impl Emitter {
     /// Routes one envelope, handing over the destination's batch when it is full.
     ///
     /// `send`, `emit_with` and the bolt collector's `emit_inner` are inlined into each caller:
-    /// the tuple is then assembled in registers and written once, into its batch slot. As
-    /// calls, each wrote it to the stack and the next read it back with other widths
+    /// as calls, each wrote the tuple to the stack and the next read it back with other widths
     /// (store-forwarding stalls: word count +15% per CPU-s inlined, measured interleaved).
-    /// The hot senders below go further and build their envelope in the call to `push`:
-    /// built first and then pushed, an envelope was copied once more, and the copy read its
-    /// task id (written as 4 bytes) as 8 (a stall too: +5% word count per CPU-s).
+    /// The hot senders below (`send_tuple`, `send_init`, `send_ack`) go further and build their
+    /// envelope in its batch slot (`push_in_place!`); this one, for the rarer messages (a
+    /// fail, a spout's `Done`), pushes an envelope built by its caller.
     #[inline(always)]
     pub(crate) fn send(&mut self, env: Envelope) {
         if let Some((dest, buf, full)) = self.batch_of(env.task()) {
