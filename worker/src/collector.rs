@@ -271,8 +271,8 @@ pub(crate) struct Emitter {
     pub(crate) failed: u64,
     /// Whether a batch for an idle local bolt executor may run on this thread instead of
     /// being queued for its own (`BoltCell::try_run`): set by a bolt executor's loop while it
-    /// works on the last batch of its queue, never for a spout's or an acker's emitter, nor
-    /// for an executor run inline.
+    /// works on the last batch of its queue, by a spout executor's while no verdicts wait for
+    /// it; never for an acker's emitter, nor for an executor run inline.
     pub(crate) inline_ok: bool,
 }
 

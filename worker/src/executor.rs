@@ -256,7 +256,8 @@ pub(crate) fn spawn(
             let spouts: Vec<Box<dyn Spout>> = tasks.iter().map(|_| factory()).collect();
             let st = stats.clone();
             let died = died.clone();
-            let run = move || run_spout(shared2, emitter, inbox, spouts, contexts, st, acker_em, &died);
+            let run =
+                move || run_spout(shared2, emitter, inbox, spouts, contexts, st, acker_em, &died, inline);
             (builder.spawn(watch.around(run)), true)
         }
         (Some(ComponentKind::Bolt(factory)), inbox) => {
@@ -315,6 +316,7 @@ fn run_spout(
     stats: Arc<ExecStats>,
     acker: Option<Emitter>,
     died: &AtomicBool,
+    inline: bool,
 ) {
     for (spout, ctx) in spouts.iter_mut().zip(&contexts) {
         if let Err(e) = spout.open(ctx) {
@@ -449,7 +451,11 @@ fn run_spout(
         em.failed += std::mem::take(&mut failed);
         // Publishes the counts too (emitted, acked, ...). A partial batch held back by the
         // flush interval goes at `flush_at` at the latest: the wait below ends by then.
+        // With no verdicts waiting, a partial batch for an idle local bolt executor runs here
+        // (`BoltCell::try_run`): at partial load the spout's thread splits its own sentences.
+        em.inline_ok = inline && inbox.is_empty();
         let flush_at = em.flush_paced();
+        em.inline_ok = false;
         if let Some(acker) = fused.as_mut() {
             acker.flush();
         }

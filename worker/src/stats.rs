@@ -239,6 +239,12 @@ impl ExecStats {
         }
     }
 
+    /// The mean sampled execute time so far, in nanoseconds; `None` before the first sample.
+    pub(crate) fn mean_execute_ns(&self) -> Option<u64> {
+        let n = self.execute_samples.load(Ordering::Relaxed);
+        (n > 0).then(|| self.execute_ns.load(Ordering::Relaxed) / n)
+    }
+
     /// The heartbeat's view.
     pub fn snapshot(&self) -> ExecutorStats {
         let avg_ms = |ns: &AtomicU64, n: &AtomicU64| {

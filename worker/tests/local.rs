@@ -626,6 +626,15 @@ impl Bolt for ThreadRecorder {
     }
 }
 
+/// Runs the topology `b` until its spout (recording into `rec`) saw all `n` trees acked, none
+/// failed.
+fn run_until_all_acked(b: TopologyBuilder, rec: &Arc<Mutex<SpoutRecord>>, n: u64) {
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    wait_for(Duration::from_secs(60), "every tree complete", || acked(rec) == n as usize);
+    cluster.shutdown(Duration::from_secs(1));
+    assert!(rec.lock().unwrap().failed.is_empty(), "nothing fails");
+}
+
 /// spout -> relay (2 executors) -> sink, `n` tuples, `squall.executor.inline.downstream` as
 /// given: what the sink saw, once every tree completed.
 fn relay_run(n: u64, inline: bool) -> Vec<(String, TaskId, i64)> {
@@ -642,10 +651,7 @@ fn relay_run(n: u64, inline: bool) -> Vec<(String, TaskId, i64)> {
     b.set_bolt("relay", 2, || Relay { next: 0 }).shuffle_grouping("spout");
     let s = seen.clone();
     b.set_bolt("sink", 1, move || ThreadRecorder { seen: s.clone() }).global_grouping("relay");
-    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
-    wait_for(Duration::from_secs(60), "every tree complete", || acked(&rec) == n as usize);
-    cluster.shutdown(Duration::from_secs(1));
-    assert!(rec.lock().unwrap().failed.is_empty(), "nothing fails");
+    run_until_all_acked(b, &rec, n);
     seen.lock().unwrap().clone()
 }
 
@@ -670,6 +676,66 @@ fn an_idle_downstream_bolt_runs_on_its_upstreams_thread_and_keeps_each_senders_o
             assert_eq!(on_relay, 0, "off: the sink runs only on its own thread");
         }
     }
+}
+
+/// Records the thread each input runs on and its id, takes `pause` over each, and acks.
+struct OnThread {
+    seen: Arc<Mutex<Vec<(String, i64)>>>,
+    pause: Duration,
+}
+
+impl Bolt for OnThread {
+    fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
+        let thread = std::thread::current().name().unwrap_or("").to_owned();
+        self.seen.lock().unwrap().push((thread, input.get_int(0).unwrap_or(-1)));
+        if !self.pause.is_zero() {
+            std::thread::sleep(self.pause);
+        }
+        out.ack(input);
+        Ok(())
+    }
+}
+
+/// spout -> bolt (an [`OnThread`] taking `pause` per tuple), `n` reliable tuples trickling (at
+/// most 4 pending, so the spout's batches are partial), inline runs as given: which thread ran
+/// each tuple, in the order the bolt ran them, once every tree completed.
+fn spout_into_bolt(n: u64, pause: Duration, inline: bool) -> Vec<(String, i64)> {
+    let rec = Arc::new(Mutex::new(SpoutRecord::default()));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut b = TopologyBuilder::new("spout-inline");
+    b.config(config(|c| {
+        c.inline_downstream = inline;
+        c.max_spout_pending = Some(4);
+    }));
+    let r = rec.clone();
+    b.set_spout("spout", 1, move || TestSpout::new(n, &r));
+    let s = seen.clone();
+    b.set_bolt("bolt", 1, move || OnThread { seen: s.clone(), pause }).shuffle_grouping("spout");
+    run_until_all_acked(b, &rec, n);
+    seen.lock().unwrap().clone()
+}
+
+#[test]
+fn an_idle_bolt_runs_on_its_spouts_thread_in_order_unless_it_is_slow() {
+    let n = 3_000;
+    for inline in [true, false] {
+        let seen = spout_into_bolt(n, Duration::ZERO, inline);
+        let ids: Vec<i64> = seen.iter().map(|(_, id)| *id).collect();
+        assert_eq!(ids, (0..n as i64).collect::<Vec<_>>(), "inline {inline}: every tuple once, in order");
+        let on_spout = seen.iter().filter(|(thread, _)| thread.starts_with("spout-")).count();
+        let on_bolt = seen.iter().filter(|(thread, _)| thread.starts_with("bolt-")).count();
+        assert_eq!(on_spout + on_bolt, seen.len(), "inline {inline}: only those threads run the bolt");
+        if inline {
+            assert!(on_spout > 0, "an idle bolt ran on the spout's thread at least once");
+        } else {
+            assert_eq!(on_spout, 0, "off: the bolt runs only on its own thread");
+        }
+    }
+    // 2 ms a tuple: one tuple is over the budget (1 ms), so the spout's thread never runs it.
+    let seen = spout_into_bolt(40, Duration::from_millis(2), true);
+    assert_eq!(seen.len(), 40);
+    let on_spout: Vec<_> = seen.iter().filter(|(thread, _)| !thread.starts_with("bolt-")).collect();
+    assert!(on_spout.is_empty(), "a slow bolt ran on another thread: {on_spout:?}");
 }
 
 /// Counts the tuples it runs and passes each on, anchored.
