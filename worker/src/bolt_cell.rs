@@ -17,11 +17,17 @@
 //! [`INLINE_BUDGET`] by the executor's mean sampled execute time (none before its first
 //! sample): a slow bolt does not hold its upstream's thread, nor a spout's acker, for long.
 //!
+//! An executor run inline hands its own partial batches over the same way at the end of its
+//! run, so a chain of idle executors runs on the first one's thread (the spout's, at partial
+//! load: a word count tree completes in microseconds with no hand-over), each batch within the
+//! budget.
+//!
 //! Order holds: a batch runs inline only after what was already in the executor's queue, and
-//! the executor's own thread takes from its queue only while it holds the lock. Only one level:
-//! an executor run inline queues its own output. The worker turns it on only for topologies
-//! without cycles (`squall.executor.inline.downstream`), so the threads hold these locks in the
-//! order of the topology and every wait for a full queue ends downstream: no deadlock.
+//! the executor's own thread takes from its queue only while it holds the lock. The worker
+//! turns it on only for topologies without cycles (`squall.executor.inline.downstream`): a
+//! thread takes these locks only with `try_lock` and in the order of the topology, and every
+//! wait for a full queue ends downstream (acks go to unbounded spout and acker queues), so no
+//! wait closes a cycle: no deadlock.
 //!
 //! A bolt that panics while run inline is caught on the borrowed thread: its executor's state is
 //! dropped and the executor marked dead (the cell holds its death flag, `RunningExecutor::died`),
@@ -194,16 +200,18 @@ impl BoltCell {
         // upstream one whose thread it borrowed: its state is dropped, and its thread, finding
         // none, ends.
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            // One level: what this executor emits is queued (or run by its own thread's passes).
-            core.em.inline_ok = false;
             // A batch queued since the look above goes first: each sender's order is kept.
             while let Ok(b) = self.inbox.try_recv() {
                 core.process(b);
             }
             core.process(batch);
             // No pacing here: this executor's thread is parked and would not wake for a held
-            // batch.
+            // batch. Its partial batches for idle executors run here in turn (the batches it
+            // fills go to their executors' threads): at partial load a spout's thread runs a
+            // whole word count tree with no hand-over.
+            core.em.inline_ok = true;
             core.em.flush();
+            core.em.inline_ok = false;
             core.end_pass();
         }));
         if ran.is_err() {

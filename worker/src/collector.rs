@@ -272,7 +272,8 @@ pub(crate) struct Emitter {
     /// Whether a batch for an idle local bolt executor may run on this thread instead of
     /// being queued for its own (`BoltCell::try_run`): set by a bolt executor's loop while it
     /// works on the last batch of its queue, by a spout executor's while no verdicts wait for
-    /// it; never for an acker's emitter, nor for an executor run inline.
+    /// it, and for an executor run inline at the end of its run (`flush`); never for an
+    /// acker's emitter.
     pub(crate) inline_ok: bool,
 }
 
@@ -469,9 +470,13 @@ impl Emitter {
         self.note_open_batches();
     }
 
-    /// Hands over every partial batch, publishes counters and picks up new routes.
+    /// Hands over every partial batch (running it on this thread where [`Self::run_inline`]
+    /// may), publishes counters and picks up new routes.
     pub(crate) fn flush(&mut self) {
         for dest in 0..self.bufs.len() {
+            if !self.bufs[dest].is_empty() && self.run_inline(dest) {
+                continue;
+            }
             self.flush_dest(dest);
         }
         self.publish();

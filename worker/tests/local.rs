@@ -667,13 +667,18 @@ fn an_idle_downstream_bolt_runs_on_its_upstreams_thread_and_keeps_each_senders_o
             let prev = last.insert(*task, *seq).unwrap_or(0);
             assert_eq!(*seq, prev + 1, "inline {inline}: from {task:?}, {seq} after {prev}");
         }
-        let on_relay = seen.iter().filter(|(thread, _, _)| thread.starts_with("relay-")).count();
-        let on_sink = seen.iter().filter(|(thread, _, _)| thread.starts_with("sink-")).count();
-        assert_eq!(on_relay + on_sink, seen.len(), "inline {inline}: only those threads run the sink");
+        let on = |name: &str| seen.iter().filter(|(thread, _, _)| thread.starts_with(name)).count();
+        let (on_spout, on_relay, on_sink) = (on("spout-"), on("relay-"), on("sink-"));
+        assert_eq!(
+            on_spout + on_relay + on_sink,
+            seen.len(),
+            "inline {inline}: only those threads run the sink"
+        );
         if inline {
-            assert!(on_relay > 0, "an idle sink ran on a relay's thread at least once");
+            // On the spout's thread when it ran an idle relay that ran the idle sink in turn.
+            assert!(on_spout + on_relay > 0, "an idle sink ran on an upstream thread at least once");
         } else {
-            assert_eq!(on_relay, 0, "off: the sink runs only on its own thread");
+            assert_eq!(on_spout + on_relay, 0, "off: the sink runs only on its own thread");
         }
     }
 }
@@ -731,6 +736,26 @@ fn an_idle_bolt_runs_on_its_spouts_thread_in_order_unless_it_is_slow() {
             assert_eq!(on_spout, 0, "off: the bolt runs only on its own thread");
         }
     }
+    // spout -> relay -> bolt: an idle relay run on the spout's thread runs the idle bolt there too.
+    let rec = Arc::new(Mutex::new(SpoutRecord::default()));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut b = TopologyBuilder::new("spout-inline-nested");
+    b.config(config(|c| c.max_spout_pending = Some(4)));
+    let r = rec.clone();
+    b.set_spout("spout", 1, move || TestSpout::new(n, &r));
+    let ran = Arc::new(AtomicU64::new(0));
+    b.set_bolt("relay", 1, move || CountingRelay { ran: ran.clone() }).shuffle_grouping("spout");
+    let s = seen.clone();
+    b.set_bolt("bolt", 1, move || OnThread { seen: s.clone(), pause: Duration::ZERO })
+        .shuffle_grouping("relay");
+    run_until_all_acked(b, &rec, n);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), n as usize, "every tuple once");
+    assert!(
+        seen.iter().any(|(thread, _)| thread.starts_with("spout-")),
+        "the bolt ran on the spout's thread"
+    );
+    drop(seen);
     // 2 ms a tuple: one tuple is over the budget (1 ms), so the spout's thread never runs it.
     let seen = spout_into_bolt(40, Duration::from_millis(2), true);
     assert_eq!(seen.len(), 40);
