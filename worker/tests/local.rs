@@ -701,10 +701,11 @@ impl Bolt for OnThread {
     }
 }
 
-/// spout -> bolt (an [`OnThread`] taking `pause` per tuple), `n` reliable tuples trickling (at
-/// most 4 pending, so the spout's batches are partial), inline runs as given: which thread ran
-/// each tuple, in the order the bolt ran them, once every tree completed.
-fn spout_into_bolt(n: u64, pause: Duration, inline: bool) -> Vec<(String, i64)> {
+/// spout -> bolt (an [`OnThread`] taking `pause` per tuple), or spout -> relay -> bolt with
+/// `relay`, `n` reliable tuples trickling (at most 4 pending, so the spout's batches are
+/// partial), inline runs as given: which thread ran each tuple, in the order the bolt ran them,
+/// once every tree completed.
+fn spout_into_bolt(n: u64, pause: Duration, inline: bool, relay: bool) -> Vec<(String, i64)> {
     let rec = Arc::new(Mutex::new(SpoutRecord::default()));
     let seen = Arc::new(Mutex::new(Vec::new()));
     let mut b = TopologyBuilder::new("spout-inline");
@@ -714,8 +715,15 @@ fn spout_into_bolt(n: u64, pause: Duration, inline: bool) -> Vec<(String, i64)> 
     }));
     let r = rec.clone();
     b.set_spout("spout", 1, move || TestSpout::new(n, &r));
+    let upstream = if relay {
+        let ran = Arc::new(AtomicU64::new(0));
+        b.set_bolt("relay", 1, move || CountingRelay { ran: ran.clone() }).shuffle_grouping("spout");
+        "relay"
+    } else {
+        "spout"
+    };
     let s = seen.clone();
-    b.set_bolt("bolt", 1, move || OnThread { seen: s.clone(), pause }).shuffle_grouping("spout");
+    b.set_bolt("bolt", 1, move || OnThread { seen: s.clone(), pause }).shuffle_grouping(upstream);
     run_until_all_acked(b, &rec, n);
     seen.lock().unwrap().clone()
 }
@@ -724,7 +732,7 @@ fn spout_into_bolt(n: u64, pause: Duration, inline: bool) -> Vec<(String, i64)> 
 fn an_idle_bolt_runs_on_its_spouts_thread_in_order_unless_it_is_slow() {
     let n = 3_000;
     for inline in [true, false] {
-        let seen = spout_into_bolt(n, Duration::ZERO, inline);
+        let seen = spout_into_bolt(n, Duration::ZERO, inline, false);
         let ids: Vec<i64> = seen.iter().map(|(_, id)| *id).collect();
         assert_eq!(ids, (0..n as i64).collect::<Vec<_>>(), "inline {inline}: every tuple once, in order");
         let on_spout = seen.iter().filter(|(thread, _)| thread.starts_with("spout-")).count();
@@ -737,27 +745,14 @@ fn an_idle_bolt_runs_on_its_spouts_thread_in_order_unless_it_is_slow() {
         }
     }
     // spout -> relay -> bolt: an idle relay run on the spout's thread runs the idle bolt there too.
-    let rec = Arc::new(Mutex::new(SpoutRecord::default()));
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let mut b = TopologyBuilder::new("spout-inline-nested");
-    b.config(config(|c| c.max_spout_pending = Some(4)));
-    let r = rec.clone();
-    b.set_spout("spout", 1, move || TestSpout::new(n, &r));
-    let ran = Arc::new(AtomicU64::new(0));
-    b.set_bolt("relay", 1, move || CountingRelay { ran: ran.clone() }).shuffle_grouping("spout");
-    let s = seen.clone();
-    b.set_bolt("bolt", 1, move || OnThread { seen: s.clone(), pause: Duration::ZERO })
-        .shuffle_grouping("relay");
-    run_until_all_acked(b, &rec, n);
-    let seen = seen.lock().unwrap();
+    let seen = spout_into_bolt(n, Duration::ZERO, true, true);
     assert_eq!(seen.len(), n as usize, "every tuple once");
     assert!(
         seen.iter().any(|(thread, _)| thread.starts_with("spout-")),
         "the bolt ran on the spout's thread"
     );
-    drop(seen);
     // 2 ms a tuple: one tuple is over the budget (1 ms), so the spout's thread never runs it.
-    let seen = spout_into_bolt(40, Duration::from_millis(2), true);
+    let seen = spout_into_bolt(40, Duration::from_millis(2), true, false);
     assert_eq!(seen.len(), 40);
     let on_spout: Vec<_> = seen.iter().filter(|(thread, _)| !thread.starts_with("bolt-")).collect();
     assert!(on_spout.is_empty(), "a slow bolt ran on another thread: {on_spout:?}");
