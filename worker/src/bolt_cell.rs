@@ -14,8 +14,9 @@
 //! and an upstream executor with input of its own waiting queues too: under load every executor
 //! runs on its own thread, in parallel. Only partial batches run inline (a full one always
 //! goes to the executor's own thread), and only those expected to take at most
-//! [`INLINE_BUDGET`] by the executor's mean sampled execute time (none before its first
-//! sample): a slow bolt does not hold its upstream's thread, nor a spout's acker, for long.
+//! [`INLINE_BUDGET`] by what the executor's recent batches took per tuple ([`RecentCost`]; none
+//! before its first batch): a slow bolt does not hold its upstream's thread, nor a spout's
+//! acker, for long, and one that turns slow stops being run inline within a batch or two.
 //!
 //! An executor run inline hands its own partial batches over the same way at the end of its
 //! run, so a chain of idle executors runs on the first one's thread (the spout's, at partial
@@ -62,6 +63,8 @@ pub(crate) struct BoltCore {
     seen: u64,
     /// Execute latencies sampled in this batch (added to `stats` at its end).
     samples: ExecuteSamples,
+    /// What its recent batches took per tuple, for [`Self::fits_inline`].
+    cost: RecentCost,
     stats: Arc<ExecStats>,
     /// Whether upstream threads may run it (not a multilang bolt: those also wait on their
     /// subprocesses, on their own thread).
@@ -86,6 +89,7 @@ impl BoltCore {
             start: start.0,
             seen: 0,
             samples: ExecuteSamples::new(),
+            cost: RecentCost::default(),
             stats,
             inline,
             pass: Pass::default(),
@@ -95,7 +99,11 @@ impl BoltCore {
     /// Runs every tuple of `batch`, with the routes of now.
     pub(crate) fn process(&mut self, batch: Batch) {
         self.em.refresh_routes();
-        let BoltCore { bolts, em, inputs, start, seen, samples, stats, pass, .. } = self;
+        let BoltCore { bolts, em, inputs, start, seen, samples, cost, stats, pass, .. } = self;
+        // Two clock reads per batch (not per tuple) time the whole batch for the budget, less
+        // what it waited for a full queue downstream (backpressure, not the bolt's cost).
+        let (began, seen_before, waited_before) =
+            (samples.start(), *seen, stats.backpressure_ns.load(Ordering::Relaxed));
         for env in batch {
             if let Envelope::Tuple { task, tuple } = env
                 && let Some(tuple) = inputs.take(tuple)
@@ -104,14 +112,15 @@ impl BoltCore {
                 pass.ran(em);
             }
         }
+        let waited = stats.backpressure_ns.load(Ordering::Relaxed).wrapping_sub(waited_before);
+        cost.note(samples.nanos_since(began).saturating_sub(waited), *seen - seen_before);
         samples.publish(stats);
     }
 
-    /// Whether `tuples` more are expected to run within [`INLINE_BUDGET`], by the mean sampled
-    /// execute time so far (not before the first sample).
+    /// Whether `tuples` more are expected to run within [`INLINE_BUDGET`], by what the recent
+    /// batches took per tuple (not before the first batch).
     fn fits_inline(&self, tuples: usize) -> bool {
-        let budget = INLINE_BUDGET.as_nanos() as u64;
-        self.stats.mean_execute_ns().is_some_and(|ns| ns.saturating_mul(tuples as u64) <= budget)
+        self.cost.fits(tuples as u64, INLINE_BUDGET.as_nanos() as u64)
     }
 
     /// Ends a pass: its remaining partial batches were just handed over (or held) by the
@@ -149,6 +158,39 @@ fn execute(
     }
     if let Some(t) = started {
         samples.record_since(t);
+    }
+}
+
+/// What an executor's batches took per tuple lately: an average over its batches that halves a
+/// batch's weight every ~2.4 batches (each new batch weighs 1/4), wherever they ran. The whole
+/// batch is timed, the bolts' executes and the hand-overs of a long pass, less its waits for a
+/// full queue downstream (those say how busy the next executor is, not what this one costs).
+/// The mean sampled
+/// execute time over the executor's life, which the budget used first, let a bolt that turned
+/// slow after thousands of fast tuples go on running on its upstream's thread for thousands
+/// more.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RecentCost {
+    /// Nanoseconds per tuple; `None` before the first batch with a tuple.
+    per_tuple_ns: Option<u64>,
+}
+
+impl RecentCost {
+    /// Folds in a batch of `tuples` that took `ns` (nothing for a batch without tuples).
+    pub(crate) fn note(&mut self, ns: u64, tuples: u64) {
+        if tuples == 0 {
+            return;
+        }
+        let batch = ns / tuples;
+        self.per_tuple_ns = Some(match self.per_tuple_ns {
+            None => batch,
+            Some(avg) => avg - avg / 4 + batch / 4,
+        });
+    }
+
+    /// Whether `tuples` are expected to take at most `budget_ns`.
+    pub(crate) fn fits(&self, tuples: u64, budget_ns: u64) -> bool {
+        self.per_tuple_ns.is_some_and(|ns| ns.saturating_mul(tuples) <= budget_ns)
     }
 }
 
@@ -306,5 +348,34 @@ mod tests {
         assert!(kept.iter().all(|t| t.ack_val.get() == 7));
         // An index no table has is refused, not a panic.
         assert!(inputs.take(sent(999, "x", 1, &Anchors::None)).is_none());
+    }
+
+    #[test]
+    fn the_recent_cost_follows_a_bolt_that_turns_slow_and_fast_again() {
+        let budget = 1_000_000;
+        let mut cost = RecentCost::default();
+        assert!(!cost.fits(1, budget), "no estimate before the first batch");
+        cost.note(0, 0);
+        assert!(!cost.fits(1, budget), "a batch without tuples tells nothing");
+        // Thousands of 1 us tuples, four to a batch.
+        for _ in 0..1_000 {
+            cost.note(4_000, 4);
+        }
+        assert!(cost.fits(4, budget));
+        // It turns 2 ms a tuple: after one batch of those a batch of four no longer fits, after
+        // three not even one tuple does.
+        cost.note(2_000_000, 1);
+        assert!(!cost.fits(4, budget) && cost.fits(1, budget));
+        cost.note(2_000_000, 1);
+        cost.note(2_000_000, 1);
+        assert!(!cost.fits(1, budget));
+        // Fast again: a few batches later four fit again.
+        let mut batches = 0;
+        while !cost.fits(4, budget) {
+            cost.note(4_000, 4);
+            batches += 1;
+            assert!(batches <= 20, "a slow spell is forgotten within a score of batches");
+        }
+        assert!(batches >= 3, "one fast batch does not undo a slow spell ({batches})");
     }
 }

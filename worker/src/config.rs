@@ -57,8 +57,8 @@ pub struct TopologyConfig {
     /// `squall.executor.inline.downstream`: whether a bolt executor that works on the last
     /// batch in its queue, or a spout executor with no verdicts waiting, runs a partial batch
     /// for an idle bolt executor of its worker on its own thread, instead of queueing it and
-    /// waking that executor's thread; only a batch expected to take at most 1 ms by that
-    /// executor's mean execute time. What runs so hands its own partial batches over the same
+    /// waking that executor's thread; only a batch expected to take at most 1 ms by what that
+    /// executor's recent batches took per tuple. What runs so hands its own partial batches over the same
     /// way. At partial load fewer threads then compete for the cores (a word count's spout
     /// splits and counts its own sentences, with no hand-over, while they keep up);
     /// under load every executor keeps its own thread. Only for topologies without cycles.

@@ -61,10 +61,16 @@ impl ExecuteSamples {
         self.clock.raw()
     }
 
+    /// Nanoseconds from `started` (a [`Self::start`]) until now.
+    #[inline]
+    pub(crate) fn nanos_since(&self, started: u64) -> u64 {
+        self.clock.delta_as_nanos(started, self.clock.raw())
+    }
+
     /// Records the execute timed from `started` (a [`Self::start`]) until now.
     #[inline]
     pub(crate) fn record_since(&mut self, started: u64) {
-        let ns = self.clock.delta_as_nanos(started, self.clock.raw());
+        let ns = self.nanos_since(started);
         self.record(ns);
     }
 
@@ -237,12 +243,6 @@ impl ExecStats {
         {
             h.reset();
         }
-    }
-
-    /// The mean sampled execute time so far, in nanoseconds; `None` before the first sample.
-    pub(crate) fn mean_execute_ns(&self) -> Option<u64> {
-        let n = self.execute_samples.load(Ordering::Relaxed);
-        (n > 0).then(|| self.execute_ns.load(Ordering::Relaxed) / n)
     }
 
     /// The heartbeat's view.

@@ -683,17 +683,20 @@ fn an_idle_downstream_bolt_runs_on_its_upstreams_thread_and_keeps_each_senders_o
     }
 }
 
-/// Records the thread each input runs on and its id, takes `pause` over each, and acks.
+/// Records the thread each input runs on and its id, takes `pause` over each from id
+/// `slow_from` on, and acks.
 struct OnThread {
     seen: Arc<Mutex<Vec<(String, i64)>>>,
     pause: Duration,
+    slow_from: i64,
 }
 
 impl Bolt for OnThread {
     fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
         let thread = std::thread::current().name().unwrap_or("").to_owned();
-        self.seen.lock().unwrap().push((thread, input.get_int(0).unwrap_or(-1)));
-        if !self.pause.is_zero() {
+        let id = input.get_int(0).unwrap_or(-1);
+        self.seen.lock().unwrap().push((thread, id));
+        if id >= self.slow_from && !self.pause.is_zero() {
             std::thread::sleep(self.pause);
         }
         out.ack(input);
@@ -701,11 +704,17 @@ impl Bolt for OnThread {
     }
 }
 
-/// spout -> bolt (an [`OnThread`] taking `pause` per tuple), or spout -> relay -> bolt with
+/// spout -> bolt (an [`OnThread`] taking `pause` per tuple from id `slow_from` on), or
+/// spout -> relay -> bolt with
 /// `relay`, `n` reliable tuples trickling (at most 4 pending, so the spout's batches are
 /// partial), inline runs as given: which thread ran each tuple, in the order the bolt ran them,
 /// once every tree completed.
-fn spout_into_bolt(n: u64, pause: Duration, inline: bool, relay: bool) -> Vec<(String, i64)> {
+fn spout_into_bolt(
+    n: u64,
+    (pause, slow_from): (Duration, i64),
+    inline: bool,
+    relay: bool,
+) -> Vec<(String, i64)> {
     let rec = Arc::new(Mutex::new(SpoutRecord::default()));
     let seen = Arc::new(Mutex::new(Vec::new()));
     let mut b = TopologyBuilder::new("spout-inline");
@@ -723,7 +732,7 @@ fn spout_into_bolt(n: u64, pause: Duration, inline: bool, relay: bool) -> Vec<(S
         "spout"
     };
     let s = seen.clone();
-    b.set_bolt("bolt", 1, move || OnThread { seen: s.clone(), pause }).shuffle_grouping(upstream);
+    b.set_bolt("bolt", 1, move || OnThread { seen: s.clone(), pause, slow_from }).shuffle_grouping(upstream);
     run_until_all_acked(b, &rec, n);
     seen.lock().unwrap().clone()
 }
@@ -732,7 +741,7 @@ fn spout_into_bolt(n: u64, pause: Duration, inline: bool, relay: bool) -> Vec<(S
 fn an_idle_bolt_runs_on_its_spouts_thread_in_order_unless_it_is_slow() {
     let n = 3_000;
     for inline in [true, false] {
-        let seen = spout_into_bolt(n, Duration::ZERO, inline, false);
+        let seen = spout_into_bolt(n, (Duration::ZERO, 0), inline, false);
         let ids: Vec<i64> = seen.iter().map(|(_, id)| *id).collect();
         assert_eq!(ids, (0..n as i64).collect::<Vec<_>>(), "inline {inline}: every tuple once, in order");
         let on_spout = seen.iter().filter(|(thread, _)| thread.starts_with("spout-")).count();
@@ -745,17 +754,31 @@ fn an_idle_bolt_runs_on_its_spouts_thread_in_order_unless_it_is_slow() {
         }
     }
     // spout -> relay -> bolt: an idle relay run on the spout's thread runs the idle bolt there too.
-    let seen = spout_into_bolt(n, Duration::ZERO, true, true);
+    let seen = spout_into_bolt(n, (Duration::ZERO, 0), true, true);
     assert_eq!(seen.len(), n as usize, "every tuple once");
     assert!(
         seen.iter().any(|(thread, _)| thread.starts_with("spout-")),
         "the bolt ran on the spout's thread"
     );
     // 2 ms a tuple: one tuple is over the budget (1 ms), so the spout's thread never runs it.
-    let seen = spout_into_bolt(40, Duration::from_millis(2), true, false);
+    let seen = spout_into_bolt(40, (Duration::from_millis(2), 0), true, false);
     assert_eq!(seen.len(), 40);
     let on_spout: Vec<_> = seen.iter().filter(|(thread, _)| !thread.starts_with("bolt-")).collect();
     assert!(on_spout.is_empty(), "a slow bolt ran on another thread: {on_spout:?}");
+}
+
+#[test]
+fn a_bolt_that_turns_slow_soon_stops_running_on_its_spouts_thread() {
+    // 2,000 fast tuples, then 2 ms each: within a few batches of at most 4 the estimate is over
+    // the budget (1 ms) and the spout's thread leaves the bolt to its own. (An estimate over the
+    // executor's whole life stayed under it: ~95 us a tuple after 100 slow ones.)
+    let (fast, slow) = (2_000, 100);
+    let seen = spout_into_bolt(fast + slow, (Duration::from_millis(2), fast as i64), true, false);
+    assert_eq!(seen.len(), (fast + slow) as usize, "every tuple once");
+    let on_spout = |from: i64| seen.iter().filter(|(t, id)| *id >= from && t.starts_with("spout-")).count();
+    assert!(on_spout(0) > 0, "the bolt ran on the spout's thread while it was fast");
+    let slow_on_spout = on_spout(fast as i64);
+    assert!(slow_on_spout <= 12, "{slow_on_spout} of {slow} slow tuples ran on the spout's thread");
 }
 
 /// Counts the tuples it runs and passes each on, anchored.
