@@ -11,7 +11,8 @@
 //! more while it runs; `--brokers` points them at real brokers instead.
 //!
 //! Progress is printed while it runs (from the workers' heartbeats), a summary when it stops
-//! (after `--duration`, or on Ctrl-C / SIGTERM).
+//! (after `--duration`, or on Ctrl-C / SIGTERM): the counts each worker returned once it had
+//! drained its tuples in flight, or, if one did not stop in time, the last heartbeats'.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -257,6 +258,16 @@ pub struct InProcessLauncher {
     workers: Mutex<HashMap<u32, (CancellationToken, CancellationToken)>>,
     /// Every worker task, for [`InProcessLauncher::stop_all`].
     tasks: TaskTracker,
+    /// What the workers that stopped returned: their executors' final statistics.
+    finals: Arc<Mutex<Finals>>,
+}
+
+/// The final statistics of the in-process workers that have stopped.
+#[derive(Debug, Default)]
+struct Finals {
+    stats: Vec<ExecutorStats>,
+    /// Workers that stopped with an error (they return none).
+    failed: usize,
 }
 
 impl std::fmt::Debug for InProcessLauncher {
@@ -274,6 +285,7 @@ impl InProcessLauncher {
             next_pid: AtomicU32::new(1),
             workers: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
+            finals: Arc::new(Mutex::new(Finals::default())),
         }
     }
 
@@ -288,6 +300,15 @@ impl InProcessLauncher {
         }
         self.tasks.close();
         let _ = tokio::time::timeout(within, self.tasks.wait()).await;
+    }
+
+    /// Every executor's final statistics, summed over the workers launched (a worker started
+    /// again counts from zero, so each run adds what it did), once every worker has stopped
+    /// without an error; `None` while one runs or if one failed.
+    pub fn final_stats(&self) -> Option<Vec<ExecutorStats>> {
+        let stopped = self.workers().values().all(|(_, done)| done.is_cancelled());
+        let finals = self.finals.lock().unwrap_or_else(PoisonError::into_inner);
+        (stopped && finals.failed == 0).then(|| finals.stats.clone())
     }
 }
 
@@ -308,18 +329,22 @@ impl Launcher for InProcessLauncher {
         let pid = self.next_pid.fetch_add(1, Ordering::Relaxed);
         let (stop, done) = (CancellationToken::new(), CancellationToken::new());
         self.workers().insert(pid, (stop.clone(), done.clone()));
-        let ensemble = self.ensemble.clone();
+        let (ensemble, finals) = (self.ensemble.clone(), self.finals.clone());
         let worker_id = spec.worker_id();
         self.tasks.spawn_on(
             async move {
-                // Ended, however it ends (a panicking worker too).
+                // Ended, however it ends (a panicking worker too), after its finals are kept.
                 let _done = done.drop_guard();
                 // Each worker its own registry: the same metric names, one set per worker.
                 let metrics = prometheus::Registry::new();
-                if let Err(e) =
-                    worker::process::run(args, config, topology, ensemble, paths, &metrics, stop).await
-                {
-                    tracing::warn!(worker = %worker_id, "worker stopped: {e}");
+                let ran = worker::process::run(args, config, topology, ensemble, paths, &metrics, stop).await;
+                let mut finals = finals.lock().unwrap_or_else(PoisonError::into_inner);
+                match ran {
+                    Ok(stats) => finals.stats.extend(stats),
+                    Err(e) => {
+                        finals.failed += 1;
+                        tracing::warn!(worker = %worker_id, "worker stopped: {e}");
+                    }
                 }
             },
             &self.runtime,
@@ -357,14 +382,25 @@ async fn read_totals(
     components: &[(String, bool)],
 ) -> BTreeMap<String, Totals> {
     let dir = paths.workerbeats_topology(id);
-    let mut stats: BTreeMap<String, Vec<ExecutorStats>> = BTreeMap::new();
+    let mut stats = Vec::new();
     for child in session.children(&dir).await.unwrap_or_default() {
         let path = cluster_state::coord::join(&dir, &child);
         let Ok((beat, _)) = session.read::<WorkerHeartbeat>(&path).await else { continue };
-        for s in beat.executor_stats {
-            if let Some(component) = layout.task_component.get(&s.executor.start_task()) {
-                stats.entry(component.to_string()).or_default().push(s);
-            }
+        stats.extend(beat.executor_stats);
+    }
+    totals_of(stats, layout, components)
+}
+
+/// Totals per component of executors' statistics (one entry per executor and worker run).
+fn totals_of(
+    executor_stats: Vec<ExecutorStats>,
+    layout: &TaskLayout,
+    components: &[(String, bool)],
+) -> BTreeMap<String, Totals> {
+    let mut stats: BTreeMap<String, Vec<ExecutorStats>> = BTreeMap::new();
+    for s in executor_stats {
+        if let Some(component) = layout.task_component.get(&s.executor.start_task()) {
+            stats.entry(component.to_string()).or_default().push(s);
         }
     }
     components
@@ -374,7 +410,7 @@ async fn read_totals(
             let latencies: Vec<f64> =
                 stats.iter().map(|s| s.complete_latency_ms).filter(|&l| *is_spout && l > 0.0).collect();
             let totals = Totals {
-                executors: stats.len(),
+                executors: stats.iter().map(|s| s.executor).collect::<std::collections::BTreeSet<_>>().len(),
                 emitted: stats.iter().map(|s| s.emitted).sum(),
                 acked: stats.iter().map(|s| s.acked).sum(),
                 failed: stats.iter().map(|s| s.failed).sum(),
@@ -548,7 +584,15 @@ async fn run_cluster(
     for e in errors.iter().flat_map(|reply| &reply.errors) {
         eprintln!("error in {}: {}", e.component, e.error);
     }
-    eprintln!("squall local: ran {:.1} s\n{}", ran.as_secs_f64(), summary_table(&totals, components));
+    let (totals, counted) = match launcher.final_stats() {
+        Some(stats) => (totals_of(stats, layout, components), "final counts, tuples in flight drained"),
+        None => (totals, "counts from the last heartbeats: a worker did not stop cleanly in time"),
+    };
+    eprintln!(
+        "squall local: ran {:.1} s ({counted})\n{}",
+        ran.as_secs_f64(),
+        summary_table(&totals, components)
+    );
     Ok(())
 }
 

@@ -35,10 +35,20 @@ fn wordcount_example_runs_and_prints_counts_and_a_summary() {
     let summary: Vec<&str> =
         stderr.lines().skip_while(|l| !l.starts_with("component")).filter(|l| !l.is_empty()).collect();
     assert_eq!(summary.len(), 6, "header and five components: {stderr}");
-    let sentences: Vec<&str> = summary[1].split_whitespace().collect();
-    assert_eq!(sentences[0], "sentences");
-    let acked: u64 = sentences[3].parse().unwrap();
+    // component, executors, emitted, acked, failed, complete ms
+    let row = |name: &str| -> (u64, u64) {
+        let cells: Vec<&str> =
+            summary.iter().find(|l| l.starts_with(&format!("{name} "))).unwrap().split_whitespace().collect();
+        (cells[2].parse().unwrap(), cells[3].parse().unwrap())
+    };
+    let (emitted, acked) = row("sentences");
     assert!(acked > 0, "{stderr}");
+    // The workers' own final counts, after their tuples in flight drained: every tree that
+    // began completed, and each bolt acked what it was sent.
+    assert!(stderr.contains("final counts, tuples in flight drained"), "{stderr}");
+    assert_eq!(acked, emitted, "{stderr}");
+    assert_eq!(row("split").1, emitted, "{stderr}");
+    assert_eq!(row("count").1, row("split").0, "{stderr}");
 }
 
 #[test]

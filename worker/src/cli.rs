@@ -202,7 +202,10 @@ pub fn execute(cmd: WorkerCommand, registry: &Registry, metrics: &prometheus::Re
     rt.block_on(async move {
         let shutdown = CancellationToken::new();
         let PreparedWorker { args, config, topology, paths } = worker;
+        // Its final statistics are for in-process callers (`squall local`); a process's exit says
+        // how it went.
         let worker = run(args, config, topology, ensemble, paths, metrics, shutdown.clone());
+        let worker = async move { worker.await.map(drop) };
         cluster_state::signal::run_until_signal(shutdown, worker).await
     })
 }

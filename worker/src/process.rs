@@ -22,8 +22,8 @@ use cluster_state::coord::{
 use cluster_state::ids::{ComponentId, ExecutorId, SupervisorId, TopologyId, WorkerSlot};
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::{
-    Assignment, ErrorInfo, LocalWorkerHeartbeat, MetricsScheme, StormBase, TopologyStatus, WorkerHeartbeat,
-    WorkerbeatThrottle, ZnodeData,
+    Assignment, ErrorInfo, ExecutorStats, LocalWorkerHeartbeat, MetricsScheme, StormBase, TopologyStatus,
+    WorkerHeartbeat, WorkerbeatThrottle, ZnodeData,
 };
 use prometheus::{IntCounter, Registry as MetricsRegistry};
 use tokio_util::sync::CancellationToken;
@@ -298,7 +298,9 @@ fn apply_activation(worker: &StaticWorker, status_active: bool, started: Instant
     }
 }
 
-/// Runs the worker for `args`'s slot until `shutdown` is cancelled.
+/// Runs the worker for `args`'s slot until `shutdown` is cancelled; then its executors' final
+/// statistics (after the drain), which its heartbeats no longer carry: the in-process workers
+/// of `squall local` end their summary with them.
 pub async fn run(
     args: WorkerArgs,
     config: WorkerConfig,
@@ -307,7 +309,7 @@ pub async fn run(
     paths: StormPaths,
     metrics: &MetricsRegistry,
     shutdown: CancellationToken,
-) -> Result<()> {
+) -> Result<Vec<ExecutorStats>> {
     cluster_state::metrics::register_daemon_info(metrics, "worker")?;
     let coord_metrics = cluster_state::metrics::CoordMetrics::register(metrics)?;
     let session = ensemble.connect(&args.session).await?.instrument(coord_metrics);
@@ -405,7 +407,7 @@ async fn run_session(
     paths: &StormPaths,
     metrics_registry: &MetricsRegistry,
     shutdown: &CancellationToken,
-) -> Result<()> {
+) -> Result<Vec<ExecutorStats>> {
     let slot = WorkerSlot { node: args.supervisor_id.clone(), port: args.port };
     let id = &args.topology_id;
     let topology = Arc::new(topology);
@@ -413,7 +415,7 @@ async fn run_session(
     // `-e comp=N` while the file keeps its own parallelism.
     let file_layout = TaskLayout::compute(&topology.component_parallelism());
     let Some((assignment, assign_watch)) = read_assignment(session, paths, id, shutdown).await? else {
-        return Ok(());
+        return Ok(Vec::new());
     };
     let bad = |reason: String| Error::BadAssignment { topology: id.to_string(), reason };
     let plan_of = |a: &Assignment| {
@@ -631,6 +633,7 @@ async fn run_session(
 
     // Graceful shutdown: drain, stop executors, flush peers, stop receiving, remove beats.
     let drain = Duration::from_millis(config.shutdown_drain_ms);
+    let stats = worker.runtime.stats();
     let stopped = tokio::task::spawn_blocking(move || worker.shutdown(drain)).await;
     if stopped.is_err() {
         tracing::error!("worker shutdown panicked");
@@ -645,7 +648,7 @@ async fn run_session(
     drop(stop_metrics);
     let _ = metrics_server.await;
     tracing::info!(topology = %id, port = args.port, "worker stopped");
-    fatal.map_or(Ok(()), Err)
+    fatal.map_or_else(|| Ok(stats.iter().map(|s| s.snapshot()).collect()), Err)
 }
 
 /// Writes an error a component reported, redacted (it may quote the component's params, and

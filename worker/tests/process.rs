@@ -13,7 +13,8 @@ use cluster_state::launch::WorkerLaunch;
 use cluster_state::paths::StormPaths;
 use cluster_state::znode::LocalWorkerHeartbeat;
 use cluster_state::znode::{
-    Assignment, ErrorInfo, ExecutorAssignment, StormBase, TopologyStatus, WorkerHeartbeat, ZnodeData,
+    Assignment, ErrorInfo, ExecutorAssignment, ExecutorStats, StormBase, TopologyStatus, WorkerHeartbeat,
+    ZnodeData,
 };
 use test_harness::ZkServer;
 use test_harness::eventually_true;
@@ -27,6 +28,9 @@ use worker::{
 };
 
 use test_harness::free_port;
+
+/// A worker run by a test: its final executor statistics once it stops.
+type Running = tokio::task::JoinHandle<worker::Result<Vec<ExecutorStats>>>;
 
 fn wordcount(workers: u32) -> Topology {
     wordcount_timing_out_after(workers, 2)
@@ -124,12 +128,7 @@ impl Cluster {
         assignment
     }
 
-    fn start(
-        &self,
-        topology: Topology,
-        slot: &WorkerSlot,
-        worker_id: &str,
-    ) -> (CancellationToken, tokio::task::JoinHandle<worker::Result<()>>) {
+    fn start(&self, topology: Topology, slot: &WorkerSlot, worker_id: &str) -> (CancellationToken, Running) {
         let args = WorkerArgs {
             topology_id: self.id.clone(),
             supervisor_id: slot.node.clone(),
@@ -240,10 +239,20 @@ async fn two_workers_over_loopback_survive_a_restart_of_one() {
     })
     .await;
 
-    // Graceful shutdown removes both heartbeats.
-    for (t, h) in [(ta, ha), (tb, hb)] {
+    // Graceful shutdown removes both heartbeats, and each worker returns its executors' final
+    // statistics: the spout's count no lower than its last beat's.
+    let acked_in_beat = c.acked(&spout_slot, &layout, "sentences").await;
+    let spout = layout.executors.iter().find(|(_, c)| c.as_str() == "sentences").map(|(e, _)| *e).unwrap();
+    for (slot, t, h) in [(&spout_slot, ta, ha), (&other, tb, hb)] {
         t.cancel();
-        h.await.unwrap().unwrap();
+        let stats = h.await.unwrap().unwrap();
+        let mut executors: Vec<_> = stats.iter().map(|s| s.executor).collect();
+        executors.sort();
+        assert_eq!(executors, assignment.executors_of(slot).collect::<Vec<_>>(), "{slot:?}");
+        if slot == &spout_slot {
+            let acked = stats.iter().find(|s| s.executor == spout).map(|s| s.acked);
+            assert!(acked >= Some(acked_in_beat), "final {acked:?}, last beat {acked_in_beat}");
+        }
     }
     assert!(c.beat(&a).await.is_none() && c.beat(&b).await.is_none());
     assert!(!c.local_beat_path("worker-a").exists() && !c.local_beat_path("worker-b").exists());
@@ -264,7 +273,7 @@ impl Bolt for Erring {
 async fn sentences_into<B: Bolt>(
     name: &'static str,
     bolt: fn() -> B,
-) -> (Cluster, WorkerSlot, CancellationToken, tokio::task::JoinHandle<worker::Result<()>>) {
+) -> (Cluster, WorkerSlot, CancellationToken, Running) {
     let c = Cluster::new(name).await;
     let slot = WorkerSlot { node: SupervisorId::new("sup-1").unwrap(), port: free_port() };
     let build = || {
@@ -291,7 +300,7 @@ impl Bolt for Panicking {
 }
 
 /// The reason of the executor error the worker `h` exits with, within 30 s.
-async fn executor_exit_reason(h: tokio::task::JoinHandle<worker::Result<()>>) -> String {
+async fn executor_exit_reason(h: Running) -> String {
     let result = tokio::time::timeout(Duration::from_secs(30), h).await.expect("the worker exits").unwrap();
     match result {
         Err(worker::Error::Executor { reason, .. }) => reason,
@@ -456,7 +465,7 @@ struct MemoryWorker {
     slot: WorkerSlot,
     registry: prometheus::Registry,
     cancel: CancellationToken,
-    handle: tokio::task::JoinHandle<worker::Result<()>>,
+    handle: Running,
     _dir: tempfile::TempDir,
 }
 
@@ -825,7 +834,7 @@ async fn a_worker_exits_promptly_while_zookeeper_is_down() {
         + cluster_state::coord::SHUTDOWN_CLOSE_BOUND
         + Duration::from_secs(2);
     match tokio::time::timeout(Duration::from_secs(30), handle).await {
-        Ok(stopped) => stopped.unwrap().unwrap(),
+        Ok(stopped) => drop(stopped.unwrap().unwrap()),
         Err(_) => panic!("the worker did not exit within 30 s with ZooKeeper down"),
     }
     let took = started.elapsed();
