@@ -165,10 +165,9 @@ fn execute(
 /// batch's weight every ~2.4 batches (each new batch weighs 1/4), wherever they ran. The whole
 /// batch is timed, the bolts' executes and the hand-overs of a long pass, less its waits for a
 /// full queue downstream (those say how busy the next executor is, not what this one costs).
-/// The mean sampled
-/// execute time over the executor's life, which the budget used first, let a bolt that turned
-/// slow after thousands of fast tuples go on running on its upstream's thread for thousands
-/// more.
+/// The mean sampled execute time over the executor's life, which the budget used first, let a
+/// bolt that turned slow after thousands of fast tuples go on running on its upstream's thread
+/// for thousands more.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RecentCost {
     /// Nanoseconds per tuple; `None` before the first batch with a tuple.

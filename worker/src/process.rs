@@ -298,9 +298,10 @@ fn apply_activation(worker: &StaticWorker, status_active: bool, started: Instant
     }
 }
 
-/// Runs the worker for `args`'s slot until `shutdown` is cancelled; then its executors' final
-/// statistics (after the drain), which its heartbeats no longer carry: the in-process workers
-/// of `squall local` end their summary with them.
+/// Runs the worker for `args`'s slot until `shutdown` is cancelled; then the final statistics
+/// of the executors it ran last (after the drain; none if it never had an assignment), which
+/// its heartbeats no longer carry: the in-process workers of `squall local` end their summary
+/// with them.
 pub async fn run(
     args: WorkerArgs,
     config: WorkerConfig,
