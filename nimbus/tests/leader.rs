@@ -70,21 +70,22 @@ async fn registered(session: &Session) -> Vec<NimbusSummary> {
 
 /// Waits until `count` nimbuses are registered and exactly one leads; returns the leader.
 async fn one_leader(session: &Session, count: usize) -> String {
-    eventually(DEADLINE, &format!("{count} nimbuses with exactly one leader"), || async {
-        let all = registered(session).await;
-        let leaders: Vec<String> = all.iter().filter(|n| n.is_leader).map(NimbusSummary::address).collect();
-        (all.len() == count && leaders.len() == 1).then(|| leaders[0].clone())
-    })
-    .await
+    leader_among(session, count, None).await
 }
 
 /// [`one_leader`] once `gone` (a stopped nimbus, whose registration can outlive its stop for a
 /// moment) is no longer among them.
 async fn one_leader_without(session: &Session, count: usize, gone: &str) -> String {
-    eventually(DEADLINE, &format!("{count} nimbuses without {gone}, exactly one leader"), || async {
+    leader_among(session, count, Some(gone)).await
+}
+
+/// Waits until `count` nimbuses are registered, `gone` not among them, exactly one leading: its
+/// address.
+async fn leader_among(session: &Session, count: usize, gone: Option<&str>) -> String {
+    eventually(DEADLINE, &format!("{count} nimbuses (not {gone:?}) with exactly one leader"), || async {
         let all = registered(session).await;
         let leaders: Vec<String> = all.iter().filter(|n| n.is_leader).map(NimbusSummary::address).collect();
-        let left = all.iter().all(|n| n.address() != gone);
+        let left = gone.is_none_or(|gone| all.iter().all(|n| n.address() != gone));
         (left && all.len() == count && leaders.len() == 1).then(|| leaders[0].clone())
     })
     .await
