@@ -7,9 +7,10 @@
 //! printed. Every figure line ends with what other processes burnt meanwhile (`other_cpu_s`,
 //! the largest of the runs), the largest load average and, where the kernel runs a DAMON
 //! monitor, the CPU milliseconds its `kdamond` thread took (`kdamond_ms`: each of its 1-4 ms
-//! bursts holds a core, which shows in the latency tail). A latency run's line adds what a
-//! jHiccup-style probe thread saw (`measure::HiccupProbe`: how late a thread sleeping to 1 ms
-//! deadlines woke, and how much of that it sat in the run queue; its CPU is not counted). After
+//! bursts holds a core, which shows in the latency tail). A latency run's line adds its
+//! sentences per CPU-s and what a jHiccup-style probe thread saw (`measure::HiccupProbe`: how
+//! late a thread sleeping to 1 ms deadlines woke, how much of that it sat in the run queue, and
+//! how long a fixed piece of arithmetic took it, `calib_ns`; its CPU is not counted). After
 //! each latency run the same rate goes through `floor` (`wordcount/floor.rs`): the word count's
 //! shape as three bare threads handing each other one sentence at a time, so every invocation
 //! shows beside Squall's tail what this machine allowed such a pipeline in the same minutes
@@ -531,13 +532,16 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
     }
 }
 
-/// One latency run's figures and what the machine did meanwhile.
+/// One latency run's figures, its CPU per sentence (a run whose backlog stood, its pipeline
+/// spread over three threads handing partial batches over, takes up to ~40% more CPU per
+/// sentence than one that ran on the spout's thread) and what the machine did meanwhile.
 fn latency_line(r: &Run) -> String {
     format!(
-        "p50 {} us, p99 {} us, p99.9 {} us ({}{})",
+        "p50 {} us, p99 {} us, p99.9 {} us, {:.0} sentences/CPU-s ({}{})",
         r.p50_us,
         r.p99_us,
         r.p999_us,
+        r.sentences as f64 / r.cpu.max(1e-9),
         r.measured.context(),
         r.hiccups.map_or(String::new(), |h| format!(" {}", h.context()))
     )

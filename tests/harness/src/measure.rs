@@ -181,6 +181,14 @@ pub struct Hiccups {
     pub queued_us: u64,
     /// The probe thread's own time on a CPU (to take out of a run's CPU).
     pub cpu: Duration,
+    /// The median wall time, in nanoseconds, of a fixed piece of arithmetic the probe times
+    /// at each wake-up (1,000 dependent rounds of shift, xor, multiply): how fast this
+    /// machine's cores ran for the run. A host that gives its vCPUs less (a busy sibling
+    /// hyperthread, a lower clock) raises it for every thread alike, which no count of late
+    /// wake-ups shows.
+    pub calib_ns: u64,
+    /// The 90th percentile of the same (a host slow only part of the time moves this first).
+    pub calib_p90_ns: u64,
 }
 
 impl Hiccups {
@@ -200,15 +208,17 @@ impl Hiccups {
         over
     }
 
-    /// `hiccup_max_us=.. hiccups_over_1ms=.. hiccup_late_ms=.. hiccup_queued_ms=..`, for a
-    /// bench's output line.
+    /// `hiccup_max_us=.. hiccups_over_1ms=.. hiccup_late_ms=.. hiccup_queued_ms=..
+    /// calib_ns=<median>/<p90>`, for a bench's output line.
     pub fn context(&self) -> String {
         format!(
-            "hiccup_max_us={} hiccups_over_1ms={} hiccup_late_ms={:.1} hiccup_queued_ms={:.1}",
+            "hiccup_max_us={} hiccups_over_1ms={} hiccup_late_ms={:.1} hiccup_queued_ms={:.1} calib_ns={}/{}",
             self.max_us,
             self.over_1ms,
             self.late_us as f64 / 1e3,
-            self.queued_us as f64 / 1e3
+            self.queued_us as f64 / 1e3,
+            self.calib_ns,
+            self.calib_p90_ns
         )
     }
 }
@@ -216,8 +226,9 @@ impl Hiccups {
 /// A jHiccup-style probe of the platform: a thread of this process that sleeps to deadlines
 /// 1 ms apart and records how late it woke. What delays it (a core held by a kernel thread,
 /// the hypervisor not running a vCPU, this process's own threads wanting both cores) delays a
-/// pipeline thread the same way, so a latency run's tail can be set beside it. Costs ~1,000
-/// wake-ups a second (well under 1% of a core).
+/// pipeline thread the same way, so a latency run's tail can be set beside it. At each
+/// wake-up it also times a fixed piece of arithmetic ([`Hiccups::calib_ns`]): how fast the
+/// cores ran. Costs ~1,000 wake-ups and ~2 ms of a core a second.
 #[derive(Debug)]
 pub struct HiccupProbe {
     stop: Arc<AtomicBool>,
@@ -240,6 +251,7 @@ impl HiccupProbe {
                 let stat = std::fs::File::open("/proc/thread-self/schedstat").ok();
                 let mut queued_before = stat.as_ref().map_or(Duration::ZERO, queued_time);
                 let mut next = Instant::now();
+                let mut calib: Vec<u32> = Vec::with_capacity(4096);
                 while !flag.load(Ordering::Relaxed) {
                     next += Duration::from_millis(1);
                     std::thread::sleep(next.saturating_duration_since(Instant::now()));
@@ -252,7 +264,13 @@ impl HiccupProbe {
                         next = Instant::now();
                     }
                     woke.store(h.wakes, Ordering::Relaxed);
+                    let began = Instant::now();
+                    std::hint::black_box(calibration(std::hint::black_box(h.wakes)));
+                    calib.push(u32::try_from(began.elapsed().as_nanos()).unwrap_or(u32::MAX));
                 }
+                calib.sort_unstable();
+                let at = |q: f64| calib.get((calib.len() as f64 * q) as usize).map_or(0, |&ns| u64::from(ns));
+                (h.calib_ns, h.calib_p90_ns) = (at(0.5), at(0.9));
                 h.cpu = thread_cpu();
                 h
             })
@@ -270,6 +288,18 @@ impl HiccupProbe {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.take().and_then(|t| t.join().ok()).unwrap_or_default()
     }
+}
+
+/// A fixed piece of arithmetic for [`HiccupProbe`] to time: 1,000 rounds of a shift, an xor
+/// and a multiply, each waiting on the one before (~1-2 us on the reference machine; no
+/// memory, no branch to mispredict, and not affine, so no compiler folds the loop away): its
+/// time follows the core's speed and nothing else.
+fn calibration(seed: u64) -> u64 {
+    let mut x = seed | 1;
+    for _ in 0..1000 {
+        x = (x ^ (x >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    x
 }
 
 /// The run-queue wait of the thread whose `schedstat` file this is (its second field,
@@ -342,7 +372,7 @@ mod tests {
         );
         assert_eq!(
             h.context(),
-            "hiccup_max_us=7000 hiccups_over_1ms=2 hiccup_late_ms=8.0 hiccup_queued_ms=7.0"
+            "hiccup_max_us=7000 hiccups_over_1ms=2 hiccup_late_ms=8.0 hiccup_queued_ms=7.0 calib_ns=0/0"
         );
 
         // The live probe wakes about every millisecond and accounts for its own CPU.
@@ -354,5 +384,8 @@ mod tests {
         let h = probe.finish();
         assert!(h.wakes >= 20, "{h:?}");
         assert!(h.cpu > Duration::ZERO, "{h:?}");
+        // It timed its arithmetic at each wake-up: 1,000 dependent rounds take a core some
+        // ~5,000 cycles, over 500 ns on any core (an affine loop, partly folded, took ~250).
+        assert!(h.calib_ns >= 500 && h.calib_p90_ns >= h.calib_ns, "{h:?}");
     }
 }
