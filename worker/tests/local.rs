@@ -818,7 +818,7 @@ impl Bolt for Panicking {
     }
 }
 
-/// A paced spout's `n` unreliable tuples (one per 20 us) -> relay -> `bolt` (a [`Panicking`]
+/// A paced spout's `n` unreliable tuples (one per 20 us, in passes of 50) -> relay -> `bolt` (a [`Panicking`]
 /// whose own thread is `bolt`'s), inline runs as given: the cluster, how many tuples the relay
 /// ran, and whether the bolt panicked.
 fn relay_into_panicking(
@@ -830,7 +830,14 @@ fn relay_into_panicking(
     let (ran, panicked) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
     let mut b = TopologyBuilder::new("panics");
     b.config(config(|c| c.inline_downstream = inline));
-    b.set_spout("spout", 1, move || SlowBurstSpout { n, emitted: Arc::new(AtomicU64::new(0)) });
+    // Passes of 50 (1 ms): each pass's end may run the relay, and the bolt behind it, inline.
+    // In one pass of 1,000 only its end could, and a bolt still busy then never did (CI).
+    b.set_spout("spout", 1, move || SlowBurstSpout {
+        n,
+        emitted: Arc::new(AtomicU64::new(0)),
+        burst: 50,
+        ended_at: 0,
+    });
     let counted = ran.clone();
     b.set_bolt("relay", 1, move || CountingRelay { ran: counted.clone() }).shuffle_grouping("spout");
     let p = panicked.clone();
@@ -927,10 +934,14 @@ fn a_long_pass_hands_its_acks_over_before_it_ends() {
     assert!(first < 600, "the first ack came back after {first} of {n} tuples ran");
 }
 
-/// Emits `n` tuples in one pass, taking 20 µs over each, counting them.
+/// Emits `n` tuples, taking 20 µs over each, counting them: in one pass, or (`burst` > 0) in
+/// passes of `burst`, each ended by a call that emits nothing.
 struct SlowBurstSpout {
     n: u64,
     emitted: Arc<AtomicU64>,
+    burst: u64,
+    /// The tuple before which the last pass ended.
+    ended_at: u64,
 }
 
 impl Spout for SlowBurstSpout {
@@ -940,6 +951,10 @@ impl Spout for SlowBurstSpout {
 
     fn next_tuple(&mut self, out: &mut SpoutCollector<'_>) -> Result<(), ComponentError> {
         let next = self.emitted.load(Ordering::Relaxed);
+        if self.burst > 0 && next > 0 && next.is_multiple_of(self.burst) && self.ended_at != next {
+            self.ended_at = next;
+            return Ok(());
+        }
         if next < self.n {
             let until = Instant::now() + Duration::from_micros(20);
             while Instant::now() < until {
@@ -978,7 +993,7 @@ fn a_spouts_long_pass_hands_its_tuples_over_as_it_emits() {
     let mut b = TopologyBuilder::new("long-spout-pass");
     b.config(config(|c| c.acker_executors = Some(0)));
     let e = emitted.clone();
-    b.set_spout("spout", 1, move || SlowBurstSpout { n, emitted: e.clone() });
+    b.set_spout("spout", 1, move || SlowBurstSpout { n, emitted: e.clone(), burst: 0, ended_at: 0 });
     let (e, f, s) = (emitted.clone(), at_first.clone(), seen.clone());
     b.set_bolt("first", 1, move || FirstArrival { emitted: e.clone(), at_first: f.clone(), seen: s.clone() })
         .shuffle_grouping("spout");
