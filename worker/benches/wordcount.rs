@@ -93,6 +93,11 @@ impl Run {
             hiccups: None,
         }
     }
+
+    /// Sentences (tuples, for one hop) per CPU-second.
+    fn per_cpu_s(&self) -> f64 {
+        self.sentences as f64 / self.cpu.max(1e-9)
+    }
 }
 
 /// `other_cpu_s=<max> load=<max>` over `runs`.
@@ -394,7 +399,7 @@ fn report(label: &str, runs: &[Run]) -> f64 {
 /// One hop's line: tuples (sentences) per second and per CPU-second.
 fn hop_report(acking: bool, runs: &[Run]) {
     let tps = median(runs.iter().map(|r| r.sentences as f64 / r.secs).collect());
-    let tpc = median(runs.iter().map(|r| r.sentences as f64 / r.cpu.max(1e-9)).collect());
+    let tpc = median(runs.iter().map(Run::per_cpu_s).collect());
     let cores = median(runs.iter().map(|r| r.cpu / r.secs).collect());
     println!(
         "acking {}: {tps:>11.0} tuples/s  {tpc:>11.0} tuples/CPU-s  ({cores:.2} cores busy, {})",
@@ -541,7 +546,7 @@ fn latency_line(r: &Run) -> String {
         r.p50_us,
         r.p99_us,
         r.p999_us,
-        r.sentences as f64 / r.cpu.max(1e-9),
+        r.per_cpu_s(),
         r.measured.context(),
         r.hiccups.map_or(String::new(), |h| format!(" {}", h.context()))
     )
@@ -553,7 +558,7 @@ fn latency_summary(runs: &[Run]) -> String {
     let p99 = median(runs.iter().map(|r| r.p99_us as f64).collect());
     let p999 = median(runs.iter().map(|r| r.p999_us as f64).collect());
     let under = runs.iter().filter(|r| r.p99_us <= 1000).count();
-    let spc = median(runs.iter().map(|r| r.sentences as f64 / r.cpu.max(1e-9)).collect());
+    let spc = median(runs.iter().map(Run::per_cpu_s).collect());
     format!(
         "median p50 {p50:.0} us, p99 {p99:.0} us, p99.9 {p999:.0} us; p99 <= 1 ms in {under} of {} runs; {spc:.0} sentences/CPU-s",
         runs.len()
