@@ -10,7 +10,8 @@
 //! bursts holds a core, which shows in the latency tail). A latency run's line adds its
 //! sentences per CPU-s and what a jHiccup-style probe thread saw (`measure::HiccupProbe`: how
 //! late a thread sleeping to 1 ms deadlines woke, how much of that it sat in the run queue, and
-//! how long a fixed piece of arithmetic took it, `calib_ns`; its CPU is not counted). After
+//! how long a fixed piece of arithmetic took it, `calib_ns`; its CPU is not counted) and each
+//! busy thread's CPU microseconds per sentence (`thread_us`, from `schedstat`). After
 //! each latency run the same rate goes through `floor` (`wordcount/floor.rs`): the word count's
 //! shape as three bare threads handing each other one sentence at a time, so every invocation
 //! shows beside Squall's tail what this machine allowed such a pipeline in the same minutes
@@ -77,6 +78,8 @@ struct Run {
     measured: measure::Measured,
     /// How late a 1 kHz probe thread woke meanwhile (latency runs).
     hiccups: Option<measure::Hiccups>,
+    /// Each busy thread's time on a CPU during a latency run, by name, in seconds.
+    threads: Vec<(String, f64)>,
 }
 
 impl Run {
@@ -91,12 +94,22 @@ impl Run {
             p999_us: 0,
             measured: *context,
             hiccups: None,
+            threads: Vec::new(),
         }
     }
 
     /// Sentences (tuples, for one hop) per CPU-second.
     fn per_cpu_s(&self) -> f64 {
         self.sentences as f64 / self.cpu.max(1e-9)
+    }
+
+    /// ` thread_us=<name>:<us>,...`: each busy thread's CPU microseconds per sentence (empty
+    /// without threads).
+    fn threads_context(&self) -> String {
+        let per = |cpu: f64| cpu * 1e6 / self.sentences.max(1) as f64;
+        let list: Vec<String> =
+            self.threads.iter().map(|(name, cpu)| format!("{name}:{:.2}", per(*cpu))).collect();
+        if list.is_empty() { String::new() } else { format!(" thread_us={}", list.join(",")) }
     }
 }
 
@@ -237,7 +250,7 @@ fn latency_run(rate: f64, secs: u64) -> Option<Run> {
             (sum(|s| s.emitted.load(Ordering::Relaxed)), sum(|s| s.acked.load(Ordering::Relaxed)))
         })
     });
-    let mut run = probed_window(secs, || spout.iter().map(|s| s.acked.load(Ordering::Relaxed)).sum());
+    let mut run = probed_window(secs, || spout.iter().map(|s| s.acked.load(Ordering::Relaxed)).sum(), true);
     if let Some(sampler) = sampler {
         println!("  {}", sampler.finish(rate));
     }
@@ -254,7 +267,7 @@ fn floor_run(rate: f64, secs: u64) -> Option<Run> {
     let running = floor::start(rate, Duration::from_secs(1), Duration::from_secs(secs))?;
     std::thread::sleep(Duration::from_secs(1));
     // The floor counts its own sentences (those sent in the window and acked by its end).
-    let mut run = probed_window(secs, || 0);
+    let mut run = probed_window(secs, || 0, false);
     let f = running.finish()?;
     run.sentences = f.sentences;
     (run.p50_us, run.p99_us, run.p999_us) = (f.p50_us, f.p99_us, f.p999_us);
@@ -263,17 +276,21 @@ fn floor_run(rate: f64, secs: u64) -> Option<Run> {
 
 /// A measured window of `secs` over a run that is warm: wall time, this process's CPU without
 /// the hiccup probe's own, how much `counted` grew (the run's sentences), what the rest of the
-/// machine did and what the probe saw.
-fn probed_window(secs: u64, counted: impl Fn() -> u64) -> Run {
+/// machine did, what the probe saw and, with `per_thread`, each busy thread's CPU.
+fn probed_window(secs: u64, counted: impl Fn() -> u64, per_thread: bool) -> Run {
     let window = Window::start(&[]);
     let probe = HiccupProbe::start();
+    // Squall's threads run past the window; the floor's end with it, unmeasured.
+    let busy = per_thread.then(timeline::BusyThreads::start);
     let (c0, t0, n0) = (cpu_secs(), Instant::now(), counted());
     std::thread::sleep(Duration::from_secs(secs));
     let n1 = counted();
+    let threads = busy.map(timeline::BusyThreads::finish).unwrap_or_default();
     let hiccups = probe.finish();
     let cpu = cpu_secs() - c0 - hiccups.cpu.as_secs_f64();
     let mut run = Run::new(t0.elapsed().as_secs_f64(), cpu, n1.saturating_sub(n0), 0, &window.finish());
     run.hiccups = Some(hiccups);
+    run.threads = threads;
     run
 }
 
@@ -539,16 +556,19 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
 
 /// One latency run's figures, its CPU per sentence (a run whose backlog stood, its pipeline
 /// spread over three threads handing partial batches over, takes up to ~40% more CPU per
-/// sentence than one that ran on the spout's thread) and what the machine did meanwhile.
+/// sentence than one that ran on the spout's thread), what the machine did meanwhile and each
+/// busy thread's CPU per sentence (`thread_us`: in such a run split's own thread takes ~2.3 us
+/// per sentence against ~1.2-1.5 when the backlog drains).
 fn latency_line(r: &Run) -> String {
     format!(
-        "p50 {} us, p99 {} us, p99.9 {} us, {:.0} sentences/CPU-s ({}{})",
+        "p50 {} us, p99 {} us, p99.9 {} us, {:.0} sentences/CPU-s ({}{}{})",
         r.p50_us,
         r.p99_us,
         r.p999_us,
         r.per_cpu_s(),
         r.measured.context(),
-        r.hiccups.map_or(String::new(), |h| format!(" {}", h.context()))
+        r.hiccups.map_or(String::new(), |h| format!(" {}", h.context())),
+        r.threads_context()
     )
 }
 

@@ -58,6 +58,45 @@ fn schedstat(file: &File) -> (u64, u64) {
     (fields.next().unwrap_or(0), fields.next().unwrap_or(0))
 }
 
+/// Each thread's time on a CPU over a window (`SQUALL_BENCH` latency runs print it per
+/// sentence): which executor's thread took more per sentence in a run whose backlog stood.
+pub struct BusyThreads {
+    start: Vec<(String, File, u64)>,
+}
+
+impl BusyThreads {
+    /// Notes every thread now alive (they must outlive the window: a thread that ended
+    /// reads as none).
+    pub fn start() -> BusyThreads {
+        BusyThreads {
+            start: threads()
+                .into_iter()
+                .map(|(name, file)| {
+                    let (cpu, _) = schedstat(&file);
+                    (name, file, cpu)
+                })
+                .collect(),
+        }
+    }
+
+    /// The threads that took at least 2% of what they all took since `start`, busiest first,
+    /// with their seconds on a CPU (the hiccup probe left out: its CPU is not the run's).
+    pub fn finish(self) -> Vec<(String, f64)> {
+        let mut took: Vec<(String, f64)> = self
+            .start
+            .iter()
+            .filter(|(name, _, _)| name != "hiccup-probe")
+            .map(|(name, file, before)| {
+                (name.clone(), schedstat(file).0.saturating_sub(*before) as f64 / 1e9)
+            })
+            .collect();
+        let total: f64 = took.iter().map(|(_, s)| s).sum();
+        took.retain(|(_, s)| *s >= 0.02 * total);
+        took.sort_by(|a, b| b.1.total_cmp(&a.1));
+        took
+    }
+}
+
 impl Sampler {
     /// Starts sampling `counts` (the spout's emitted and acked sentences) and every thread now
     /// alive.
