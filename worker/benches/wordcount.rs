@@ -557,8 +557,8 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
 /// One latency run's figures, its CPU per sentence (a run whose backlog stood, its pipeline
 /// spread over three threads handing partial batches over, takes up to ~40% more CPU per
 /// sentence than one that ran on the spout's thread), what the machine did meanwhile and each
-/// busy thread's CPU per sentence (`thread_us`: in such a run split's own thread takes ~2.3 us
-/// per sentence against ~1.2-1.5 when the backlog drains).
+/// busy thread's CPU per sentence (`thread_us`: with every executor on its own thread, split's
+/// took 2.7-3.2 us per sentence in such runs against 1.3-1.4 in the others).
 fn latency_line(r: &Run) -> String {
     format!(
         "p50 {} us, p99 {} us, p99.9 {} us, {:.0} sentences/CPU-s ({}{}{})",

@@ -58,8 +58,8 @@ fn schedstat(file: &File) -> (u64, u64) {
     (fields.next().unwrap_or(0), fields.next().unwrap_or(0))
 }
 
-/// Each thread's time on a CPU over a window (`SQUALL_BENCH` latency runs print it per
-/// sentence): which executor's thread took more per sentence in a run whose backlog stood.
+/// Each thread's time on a CPU over a window (each latency run prints it per sentence,
+/// `thread_us`): which executor's thread took more per sentence in a run whose backlog stood.
 pub struct BusyThreads {
     start: Vec<(String, File, u64)>,
 }
