@@ -457,9 +457,10 @@ impl Emitter {
         if self.bufs[dest].is_empty() {
             return;
         }
-        // The next batch starts with the capacity this one needed: a busy destination keeps
-        // full-size batches, one that gets a few tuples at a time keeps small buffers (batches
-        // are large, and an executor has one per destination).
+        // In place, the next batch starts with the capacity this one needed: a busy
+        // destination keeps full-size batches, one that gets a few tuples at a time keeps small
+        // buffers (batches are large, and an executor has one per destination). Copied out, the
+        // buffer keeps what it grew to, at most a full batch.
         let batch = if self.copy_out {
             copy_out(&mut self.bufs[dest])
         } else {
