@@ -34,9 +34,9 @@
 //! dropped and the executor marked dead (the cell holds its death flag, `RunningExecutor::died`),
 //! so its own thread ends as if the panic had happened there, and the upstream executor goes on.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cluster_state::ids::TaskId;
 
@@ -257,91 +257,6 @@ impl HandOver {
     }
 }
 
-/// Whether a thread is too busy to run downstream executors' partial batches that their own
-/// threads have room for. A thread busy most of the time has no room to catch up after a
-/// stall: at half load a word count run on the spout's thread keeps that thread ~98% busy, so a
-/// 1 ms stall of the host takes ~50 ms to drain, and every sentence emitted meanwhile waits (a
-/// backlog drains at the spare fraction of the thread). Spread over three threads each has
-/// room (split ~55%, count ~45% of a core). So a thread that was busy more than [`LEND_BUSY`]
-/// of a [`LEND_WINDOW`] while lending itself rests from lending to executors whose own thread
-/// has room ([`BoltCell::has_room`]), then tries again; each rest that ends in another busy
-/// window is twice as long, up to [`LEND_REST_MAX`], and one window within the limit sets it
-/// back to [`LEND_REST_MIN`]. Under full load no thread has room, and every thread lends as
-/// before: handing work to a busy thread only adds hand-overs.
-///
-/// Busy is wall time not spent waiting for input (`waited`), so time the host did not run the
-/// thread counts as busy: that is time the thread could not catch up in either. The clock is
-/// read around each wait only, never per batch: a thread that does not wait is not measured,
-/// and keeps its last figure (no room before its first).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Lending {
-    /// Where the current window started; `None` before the first wait.
-    window: Option<Instant>,
-    /// Time spent waiting in the current window.
-    idle: Duration,
-    /// Resting from lending until then.
-    rest_until: Option<Instant>,
-    /// The next rest.
-    rest: Duration,
-}
-
-/// The busiest a thread may have been over a [`LEND_WINDOW`] and go on lending itself; also
-/// the busiest a thread may be and still have room ([`BoltCell::has_room`]).
-pub(crate) const LEND_BUSY: f64 = 0.7;
-/// How long a [`Lending`] window is.
-pub(crate) const LEND_WINDOW: Duration = Duration::from_millis(20);
-/// The first rest from lending.
-pub(crate) const LEND_REST_MIN: Duration = Duration::from_millis(100);
-/// The longest rest from lending.
-pub(crate) const LEND_REST_MAX: Duration = Duration::from_secs(2);
-
-impl Default for Lending {
-    fn default() -> Self {
-        Lending { window: None, idle: Duration::ZERO, rest_until: None, rest: LEND_REST_MIN }
-    }
-}
-
-impl Lending {
-    /// Whether the thread lends itself now to executors whose own thread has room.
-    #[inline]
-    pub(crate) fn lends(&self) -> bool {
-        self.rest_until.is_none()
-    }
-
-    /// Notes a wait for input from `from` to `to`; the busy fraction of the window this wait
-    /// closed, if it closed one.
-    pub(crate) fn waited(&mut self, from: Instant, to: Instant) -> Option<f64> {
-        let Some(start) = self.window else {
-            self.window = Some(to);
-            return None;
-        };
-        if self.rest_until.is_some_and(|until| to >= until) {
-            // A trial: lend again, measured over a fresh window.
-            self.rest_until = None;
-            self.window = Some(to);
-            self.idle = Duration::ZERO;
-            return None;
-        }
-        self.idle += to.saturating_duration_since(from);
-        let span = to.saturating_duration_since(start);
-        if span < LEND_WINDOW {
-            return None;
-        }
-        let busy = 1.0 - self.idle.as_secs_f64() / span.as_secs_f64();
-        if self.rest_until.is_none() {
-            if busy > LEND_BUSY {
-                self.rest_until = Some(to + self.rest);
-                self.rest = (self.rest * 2).min(LEND_REST_MAX);
-            } else {
-                self.rest = LEND_REST_MIN;
-            }
-        }
-        self.window = Some(to);
-        self.idle = Duration::ZERO;
-        Some(busy)
-    }
-}
-
 /// A bolt executor: its queue, and its state once its bolts are prepared (`None` before, and
 /// after its thread cleaned up).
 pub(crate) struct BoltCell {
@@ -350,9 +265,6 @@ pub(crate) struct BoltCell {
     /// The executor's death flag (`RunningExecutor::died`): set here when one of its bolts
     /// panics while run inline, by its thread's guard when one panics there.
     pub(crate) died: Arc<AtomicBool>,
-    /// How busy its own thread was over its latest [`Lending`] window, in thousandths (1000
-    /// until measured).
-    busy: AtomicU32,
 }
 
 impl std::fmt::Debug for BoltCell {
@@ -367,18 +279,7 @@ pub(crate) struct Poisoned;
 
 impl BoltCell {
     pub(crate) fn new(inbox: QueueReceiver<Batch>, died: Arc<AtomicBool>) -> Arc<Self> {
-        Arc::new(BoltCell { core: Mutex::new(None), inbox, died, busy: AtomicU32::new(1000) })
-    }
-
-    /// Records how busy the executor's own thread was over its latest window (`Lending`).
-    pub(crate) fn note_busy(&self, busy: f64) {
-        self.busy.store((busy.clamp(0.0, 1.0) * 1000.0) as u32, Ordering::Relaxed);
-    }
-
-    /// Whether the executor's own thread has room for the work an upstream thread too busy to
-    /// lend itself would hand it ([`Lending`]).
-    pub(crate) fn has_room(&self) -> bool {
-        f64::from(self.busy.load(Ordering::Relaxed)) <= LEND_BUSY * 1000.0
+        Arc::new(BoltCell { core: Mutex::new(None), inbox, died })
     }
 
     /// The executor's state, for its own thread (waits while an upstream thread runs it).
@@ -389,7 +290,7 @@ impl BoltCell {
     /// Runs `batch` on this thread when the executor is idle (nothing queued, not running
     /// elsewhere, prepared, not multilang) and the batch fits [`INLINE_BUDGET`]. Gives the batch
     /// back otherwise, to be queued.
-    pub(crate) fn try_run(&self, batch: Batch, offload: bool) -> Result<(), Batch> {
+    pub(crate) fn try_run(&self, batch: Batch) -> Result<(), Batch> {
         if !self.inbox.is_empty() {
             return Err(batch);
         }
@@ -413,12 +314,9 @@ impl BoltCell {
             // batch. Its partial batches for idle executors run here in turn (the batches it
             // fills go to their executors' threads): at partial load a spout's thread runs a
             // whole word count tree with no hand-over.
-            // The borrowed thread's pressure goes with it (`Emitter::offload`).
             core.em.inline_ok = true;
-            core.em.offload = offload;
             core.em.flush();
             core.em.inline_ok = false;
-            core.em.offload = false;
             core.end_pass();
         }));
         if ran.is_err() {
@@ -546,86 +444,6 @@ mod tests {
         let before = h.clone();
         assert_eq!(h.note(5_000, 0), before.copy);
         assert_eq!(h, before);
-    }
-
-    /// A thread that is busy past `LEND_BUSY` while lending rests from lending, twice as long
-    /// after each busy trial, and lends for good again once a window has room.
-    #[test]
-    fn a_thread_too_busy_to_lend_rests_and_tries_again() {
-        let ms = Duration::from_millis;
-        let t0 = Instant::now();
-        let mut l = Lending::default();
-        // One wait per ms, busy `busy_us` of each: `(from, to)` of the waits from `start`
-        // over `span`; whether it lent before each wait.
-        let run = |l: &mut Lending, start: Duration, span: Duration, busy_us: u64| {
-            let mut lent = Vec::new();
-            let mut at = start;
-            while at < start + span {
-                lent.push(l.lends());
-                let from = t0 + at + Duration::from_micros(busy_us);
-                at += ms(1);
-                l.waited(from, t0 + at);
-            }
-            lent
-        };
-        // Half busy: lends throughout.
-        assert!(run(&mut l, ms(0), ms(200), 500).iter().all(|&x| x));
-        // 90% busy: stops lending after a window, rests 100 ms, tries for a window (busy
-        // again), rests 200 ms, and so on.
-        let lent = run(&mut l, ms(200), ms(1_000), 900);
-        let stretches = stretches_of(&lent);
-        let rests: Vec<usize> = stretches.iter().filter(|(lends, _)| !lends).map(|&(_, n)| n).collect();
-        assert_eq!(rests[..3], [100, 200, 400], "{stretches:?}");
-        assert!(stretches.iter().filter(|(lends, _)| *lends).all(|&(_, n)| n <= 21), "{stretches:?}");
-        assert!(!l.lends());
-        // Room again: the trial after the rest in progress (800 ms) keeps lending, and the
-        // next rest starts over at 100 ms.
-        let lent = run(&mut l, ms(1_200), ms(2_000), 300);
-        let stretches = stretches_of(&lent);
-        assert_eq!(stretches.len(), 2, "{stretches:?}");
-        assert!(!stretches[0].0 && stretches[1].0 && stretches[1].1 > 1_000, "{stretches:?}");
-        assert_eq!(l.rest, LEND_REST_MIN);
-        // Busy for long: the rests grow to `LEND_REST_MAX` and no further.
-        let lent = run(&mut l, ms(3_200), ms(10_000), 900);
-        let rests: Vec<usize> =
-            stretches_of(&lent).iter().filter(|(lends, _)| !lends).map(|&(_, n)| n).collect();
-        assert_eq!(rests[..7], [100, 200, 400, 800, 1_600, 2_000, 2_000], "{rests:?}");
-
-        // Every closed window reports how busy the thread was, resting or not.
-        let mut l = Lending::default();
-        let busy: Vec<f64> = (1..=101u64)
-            .filter_map(|i| l.waited(t0 + ms(i) - Duration::from_micros(250), t0 + ms(i)))
-            .collect();
-        assert_eq!(busy.len(), 5, "{busy:?}");
-        assert!(busy.iter().all(|b| (b - 0.75).abs() < 1e-9), "{busy:?}");
-        assert!(!l.lends(), "75% is over the limit: resting since the first window");
-    }
-
-    /// An executor whose own thread has not been measured has no room; one measured at or
-    /// under the limit has.
-    #[test]
-    fn an_executor_has_room_by_its_own_thread_s_latest_window() {
-        let (_tx, rx) = crate::queue::unbounded();
-        let cell = BoltCell::new(rx, Arc::new(AtomicBool::new(false)));
-        assert!(!cell.has_room(), "not measured yet");
-        cell.note_busy(0.55);
-        assert!(cell.has_room());
-        cell.note_busy(0.71);
-        assert!(!cell.has_room());
-        cell.note_busy(LEND_BUSY);
-        assert!(cell.has_room());
-    }
-
-    /// Runs of equal values: `(value, length)`.
-    fn stretches_of(xs: &[bool]) -> Vec<(bool, usize)> {
-        let mut out: Vec<(bool, usize)> = Vec::new();
-        for &x in xs {
-            match out.last_mut() {
-                Some((v, n)) if *v == x => *n += 1,
-                _ => out.push((x, 1)),
-            }
-        }
-        out
     }
 
     #[test]

@@ -322,9 +322,6 @@ pub(crate) struct Emitter {
     /// it, and for an executor run inline at the end of its run (`flush`); never for an
     /// acker's emitter.
     pub(crate) inline_ok: bool,
-    /// Set while this thread is too busy to lend itself (`Lending`): a batch for an executor
-    /// whose own thread has room goes there rather than running here.
-    pub(crate) offload: bool,
     /// Whether a batch handed over is first copied out of its buffer with streaming stores
     /// ([`copy_out`]); chosen per executor by what its batches cost ([`crate::bolt_cell::HandOver`]).
     pub(crate) copy_out: bool,
@@ -368,7 +365,6 @@ impl Emitter {
             acked: 0,
             failed: 0,
             inline_ok: false,
-            offload: false,
             copy_out: false,
         }
     }
@@ -497,12 +493,9 @@ impl Emitter {
         let Some(cell) = self.routes.cells.get(dest).and_then(Option::as_ref).and_then(Weak::upgrade) else {
             return false;
         };
-        if self.offload && cell.has_room() {
-            return false;
-        }
         let cap = self.bufs[dest].len();
         let batch = std::mem::replace(&mut self.bufs[dest], Vec::with_capacity(cap));
-        match cell.try_run(batch, self.offload) {
+        match cell.try_run(batch) {
             Ok(()) => true,
             Err(back) => {
                 self.bufs[dest] = back;

@@ -18,7 +18,7 @@ use hdrhistogram::Histogram;
 use tokio_util::sync::CancellationToken;
 
 use crate::acker::{AckLedger, AckMsg};
-use crate::bolt_cell::{BoltCell, BoltCore, Lending, Poisoned};
+use crate::bolt_cell::{BoltCell, BoltCore, Poisoned};
 use crate::collector::{
     Batch, BoltCollector, Emitter, Envelope, ErrorSender, OutStream, Pass, SharedRoutes, SpoutCollector,
     SpoutPending, Subscriber,
@@ -352,8 +352,6 @@ fn run_spout(
     let mut sweep: Option<MovedSweep> = None;
     // Tasks moved (news from the worker's control loop), not yet acted on.
     let mut moved = false;
-    // Whether this thread is too busy to run its bolts' partial batches too.
-    let mut lending = Lending::default();
 
     loop {
         if shared.cancel.is_cancelled() {
@@ -454,10 +452,8 @@ fn run_spout(
         // Publishes the counts too (emitted, acked, ...). A partial batch held back by the
         // flush interval goes at `flush_at` at the latest: the wait below ends by then.
         // With no verdicts waiting, a partial batch for an idle local bolt executor runs here
-        // (`BoltCell::try_run`): at partial load the spout's thread splits its own sentences,
-        // unless that leaves it no room and split's own thread has room (`Lending`).
+        // (`BoltCell::try_run`): at partial load the spout's thread splits its own sentences.
         em.inline_ok = inline && inbox.is_empty();
-        em.offload = !lending.lends();
         let flush_at = em.flush_paced();
         em.inline_ok = false;
         if let Some(acker) = fused.as_mut() {
@@ -478,10 +474,7 @@ fn run_spout(
             if let Some(at) = flush_at {
                 timeout = timeout.min(at.saturating_duration_since(Instant::now()));
             }
-            let from = Instant::now();
-            let got = inbox.recv_timeout(timeout);
-            let _ = lending.waited(from, Instant::now());
-            match got {
+            match inbox.recv_timeout(timeout) {
                 Ok(b) => on_done(
                     &mut spouts,
                     &mut pending,
@@ -716,9 +709,6 @@ fn run_bolt(
     }
     // When the first batch held back by the flush interval is due (`Emitter::flush_paced`).
     let mut flush_at: Option<Instant> = None;
-    // Whether this thread is too busy to run downstream executors' partial batches too; how
-    // busy it is, for upstream threads (`BoltCell::has_room`).
-    let mut lending = Lending::default();
     loop {
         // The clock is read only when tick tuples are on or a batch is held back (5% of a busy
         // bolt's CPU otherwise).
@@ -728,8 +718,6 @@ fn run_bolt(
         // Batches are taken from the queue only while holding the cell, so that a batch an
         // upstream thread runs inline never overtakes one queued before it. A multilang bolt
         // (never run inline) takes its first batch as it wakes.
-        // Timed only when it waits for sure (a busy bolt reads no clock per pass).
-        let from = (inline && cell.inbox.is_empty()).then(Instant::now);
         let first = if wakers.is_empty() {
             cell.inbox.wait_timeout(timeout);
             None
@@ -740,11 +728,6 @@ fn run_bolt(
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         };
-        if let Some(from) = from
-            && let Some(busy) = lending.waited(from, Instant::now())
-        {
-            cell.note_busy(busy);
-        }
         let Ok(mut guard) = cell.lock() else {
             tracing::error!(%component, "a bolt of this executor panicked while its state was held; the executor stops");
             return;
@@ -765,7 +748,6 @@ fn run_bolt(
             // Working on the last batch queued: nothing else waits, so an idle downstream
             // executor may run on this thread instead of being woken.
             core.em.inline_ok = inline && cell.inbox.is_empty();
-            core.em.offload = !lending.lends();
             core.process(b);
             if shared.cancel.is_cancelled() {
                 break;
