@@ -339,6 +339,8 @@ fn run_spout(
         .max(Duration::from_millis(1));
     let mut next_rotate = Instant::now() + rotate_every;
     let wait = Duration::from_millis(config.spout_wait_ms);
+    // The first waits of an idle streak, until the streak is `wait` long (`SpoutWait`).
+    let mut idle = SpoutWait::new(Duration::from_micros(config.spout_wait_short_us), wait);
     let batch = config.producer_batch_size as usize;
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 2).ok();
     let mut lat = LatencyAcc::default();
@@ -406,6 +408,8 @@ fn run_spout(
             was_active = active;
         }
         let mut emitted = false;
+        // A task held back by `topology.max.spout.pending`: its verdicts, not time, let it go on.
+        let mut capped = false;
         pending.new_pass();
         // A burst (a rate-limited spout catching up) goes to its subscribers as it is emitted.
         let mut pass = Pass::default();
@@ -414,6 +418,7 @@ fn run_spout(
                 let mut any = false;
                 for (i, spout) in spouts.iter_mut().enumerate() {
                     if config.max_spout_pending.is_some_and(|m| pending.per_task[i] >= m) {
+                        capped = true;
                         continue;
                     }
                     em.task = contexts[i].task_id;
@@ -469,8 +474,16 @@ fn run_spout(
             lat = LatencyAcc::default();
             last_publish = Instant::now();
         }
-        if !emitted {
-            let mut timeout = if active { wait } else { IDLE_POLL };
+        if emitted {
+            idle.reset();
+        } else {
+            // Held back by max pending, it waits for verdicts (their arrival ends the wait), so
+            // looking again sooner would only cut its next burst short.
+            let mut timeout = match (active, capped) {
+                (false, _) => IDLE_POLL,
+                (true, true) => wait,
+                (true, false) => idle.next(),
+            };
             if let Some(at) = flush_at {
                 timeout = timeout.min(at.saturating_duration_since(Instant::now()));
             }
@@ -501,6 +514,40 @@ fn run_spout(
     em.flush();
     if let Some(acker) = fused.as_mut() {
         acker.flush();
+    }
+}
+
+/// How long a spout executor that emitted nothing waits (`squall.spout.wait.short.us`): the
+/// short wait while the idle streak is shorter than the long one, then the long one, until it
+/// emits again. Not for a spout held back by max pending: that one waits for verdicts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SpoutWait {
+    short: Duration,
+    long: Duration,
+    /// The waits of the current streak, added up.
+    streak: Duration,
+}
+
+impl SpoutWait {
+    /// `short` 0 (or not shorter than `long`): the long wait only.
+    fn new(short: Duration, long: Duration) -> Self {
+        SpoutWait {
+            short: if short.is_zero() { long } else { short.min(long) },
+            long,
+            streak: Duration::ZERO,
+        }
+    }
+
+    /// The next wait of the streak.
+    fn next(&mut self) -> Duration {
+        let wait = if self.streak < self.long { self.short } else { self.long };
+        self.streak = self.streak.saturating_add(wait);
+        wait
+    }
+
+    /// The spout emitted: the next wait starts a streak.
+    fn reset(&mut self) {
+        self.streak = Duration::ZERO;
     }
 }
 
@@ -842,4 +889,30 @@ fn run_acker(shared: Shared, mut em: Emitter, inbox: QueueReceiver<Batch>) {
         }
     }
     em.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An idle spout looks again after the short wait for the first long wait's worth of its
+    /// streak, then after the long wait, and starts over once it emits.
+    #[test]
+    fn an_idle_spout_waits_short_first_then_long() {
+        let us = Duration::from_micros;
+        let mut w = SpoutWait::new(us(100), us(1_000));
+        let streak: Vec<Duration> = (0..13).map(|_| w.next()).collect();
+        assert_eq!(streak[..10], [us(100); 10]);
+        assert_eq!(streak[10..], [us(1_000); 3]);
+        w.reset();
+        assert_eq!(w.next(), us(100), "emitting starts a new streak");
+        // Off (0), or not shorter than the long wait: the long wait only.
+        for short in [us(0), us(1_000), us(5_000)] {
+            let mut w = SpoutWait::new(short, us(1_000));
+            assert!((0..5).all(|_| w.next() == us(1_000)), "{short:?}");
+        }
+        // A long wait of 0 (a busy spout loop, as configured) stays 0.
+        let mut w = SpoutWait::new(us(100), Duration::ZERO);
+        assert_eq!(w.next(), Duration::ZERO);
+    }
 }
