@@ -168,18 +168,17 @@ impl TopologyConfig {
         if let Some(t) = self.tick_tuple_freq_secs {
             positive("topology.tick.tuple.freq.secs", t)?;
         }
-        if self.batch_flush_interval_us > MAX_FLUSH_INTERVAL_US {
-            return Err(Error::BadConfig {
-                key: "squall.batch.flush.interval.us",
-                reason: format!("must be at most {MAX_FLUSH_INTERVAL_US} (1 s); 100 is the default"),
-            });
-        }
-        if self.spout_wait_short_us > MAX_FLUSH_INTERVAL_US {
-            return Err(Error::BadConfig {
-                key: "squall.spout.wait.short.us",
-                reason: format!("must be at most {MAX_FLUSH_INTERVAL_US} (1 s); 100 is the default"),
-            });
-        }
+        // Both default to 100 us.
+        let at_most_a_second = |key: &'static str, us: u64| {
+            if us > MAX_FLUSH_INTERVAL_US {
+                let reason = format!("must be at most {MAX_FLUSH_INTERVAL_US} (1 s); 100 is the default");
+                Err(Error::BadConfig { key, reason })
+            } else {
+                Ok(())
+            }
+        };
+        at_most_a_second("squall.batch.flush.interval.us", self.batch_flush_interval_us)?;
+        at_most_a_second("squall.spout.wait.short.us", self.spout_wait_short_us)?;
         if self.producer_batch_size > self.executor_receive_buffer_size {
             return Err(Error::BadConfig {
                 key: "topology.producer.batch.size",
