@@ -4,11 +4,13 @@
 //! Prints, for acking off and on, the median of 3 runs of: sentences/s, words/s, words per
 //! CPU-second (user + sys of this process from `getrusage`, microseconds), and the p50 / p99 /
 //! p99.9 complete latency at about half of the measured maximum rate (acking on), six runs each
-//! printed. Every figure line ends with what other processes burnt meanwhile (`other_cpu_s`,
-//! the largest of the runs), the largest load average and, where the kernel runs a DAMON
-//! monitor, the CPU milliseconds its `kdamond` thread took (`kdamond_ms`: each of its 1-4 ms
-//! bursts holds a core, which shows in the latency tail). A latency run's line adds its
-//! sentences per CPU-s and what a jHiccup-style probe thread saw (`measure::HiccupProbe`: how
+//! printed, and six more interleaved with them at the same rate with `topology.max.spout.pending`
+//! bounded to 1 ms of it (`SQUALL_BENCH_BOUNDED=0` skips them; `MAX_PENDING=<n>` sets every
+//! other run's bound, default 20,000). Every figure line ends with what other processes burnt
+//! meanwhile (`other_cpu_s`, the largest of the runs), the largest load average and, where the
+//! kernel runs a DAMON monitor, the CPU milliseconds its `kdamond` thread took (`kdamond_ms`:
+//! each of its 1-4 ms bursts holds a core, which shows in the latency tail). A latency run's
+//! line adds its sentences per CPU-s and what a jHiccup-style probe thread saw (`measure::HiccupProbe`: how
 //! late a thread sleeping to 1 ms deadlines woke, how much of that it sat in the run queue, and
 //! how long a fixed piece of arithmetic took it, `calib_ns`; its CPU is not counted) and each
 //! busy thread's CPU microseconds per sentence (`thread_us`, from `schedstat`). After
@@ -143,10 +145,26 @@ fn inline_downstream() -> bool {
     env_or("INLINE", u8::from(TopologyConfig::default().inline_downstream)) != 0
 }
 
-fn topology(acking: bool, count: Option<u64>, rate: Option<f64>) -> worker::Topology {
+/// `MAX_PENDING=<n>`: `topology.max.spout.pending` of the word count (default 20,000) where a
+/// run does not set its own.
+fn max_pending() -> u32 {
+    env_or("MAX_PENDING", 20_000)
+}
+
+/// `topology.max.spout.pending` that holds `within` of work at `rate` in flight (Little's law):
+/// sentences in flight are the rate times the time each spends in the topology, so a bound
+/// of `rate x within` keeps a backlog (after the host stalled a thread, say) from queueing
+/// more than about `within` ahead of the sentences behind it.
+fn pending_for(rate: f64, within: Duration) -> u32 {
+    (rate * within.as_secs_f64()).ceil().clamp(1.0, f64::from(u32::MAX)) as u32
+}
+
+/// The word count; `pending` is its `topology.max.spout.pending` with acking on (default
+/// [`max_pending`]).
+fn topology(acking: bool, count: Option<u64>, rate: Option<f64>, pending: Option<u32>) -> worker::Topology {
     let config = TopologyConfig {
         acker_executors: Some(u32::from(acking)),
-        max_spout_pending: acking.then_some(20_000),
+        max_spout_pending: acking.then(|| pending.unwrap_or_else(max_pending)),
         producer_batch_size: batch_size(),
         batch_flush_interval_us: flush_us(),
         inline_downstream: inline_downstream(),
@@ -224,7 +242,7 @@ fn run(acking: bool, items: u64) -> Option<Run> {
     let window = Window::start(&[]);
     let cpu0 = cpu_secs();
     let t0 = Instant::now();
-    let cluster = LocalCluster::start(topology(acking, Some(items), None)).ok()?;
+    let cluster = LocalCluster::start(topology(acking, Some(items), None, None)).ok()?;
     let deadline = t0 + Duration::from_secs(300);
     while counted(&cluster, "count") < words && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
@@ -237,8 +255,8 @@ fn run(acking: bool, items: u64) -> Option<Run> {
     (done == words).then(|| Run::new(secs, cpu, items, words, &measured))
 }
 
-fn latency_run(rate: f64, secs: u64) -> Option<Run> {
-    let cluster = LocalCluster::start(topology(true, None, Some(rate))).ok()?;
+fn latency_run(rate: f64, secs: u64, pending: Option<u32>) -> Option<Run> {
+    let cluster = LocalCluster::start(topology(true, None, Some(rate), pending)).ok()?;
     // Warm up one second, then measure a clean window.
     std::thread::sleep(Duration::from_secs(1));
     let spout = cluster.runtime().component_stats("sentences");
@@ -303,7 +321,7 @@ fn child(args: &[String]) -> Option<()> {
     let hop = args.get(5).is_some_and(|w| w == "hop");
     let tls = args.get(6).is_some_and(|t| t == "tls");
     let topology =
-        Arc::new(if hop { hop_topology(acking, items)? } else { topology(acking, Some(items), None) });
+        Arc::new(if hop { hop_topology(acking, items)? } else { topology(acking, Some(items), None, None) });
     let layout = Arc::new(TaskLayout::compute(&topology.component_parallelism()));
     let node = SupervisorId::new("bench").ok()?;
     let slot_a = WorkerSlot { node: node.clone(), port: port_a };
@@ -524,23 +542,41 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
         // Six runs, each printed: the goal is a p99 under 1 ms in every one of them. Each is
         // followed by the same rate through the bare pipeline of `floor` (unless
         // `SQUALL_BENCH_FLOOR=0`): what the machine allows a three-thread pipeline then.
+        // Then, unless `SQUALL_BENCH_BOUNDED=0`, six more with `topology.max.spout.pending`
+        // at 1 ms of the rate (Little's law: at most 1 ms of work in flight), interleaved.
         let with_floor = env_or("SQUALL_BENCH_FLOOR", 1) != 0;
-        let mut runs = Vec::new();
-        let mut floors = Vec::new();
+        let bound =
+            (env_or("SQUALL_BENCH_BOUNDED", 1) != 0).then(|| pending_for(rate, Duration::from_millis(1)));
+        let (mut runs, mut bounded, mut floors) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..6 {
-            runs.extend(latency_run(rate, 3));
+            runs.extend(latency_run(rate, 3, None));
             if with_floor {
                 floors.extend(floor_run(rate, 3));
+            }
+            if bound.is_some() {
+                bounded.extend(latency_run(rate, 3, bound));
             }
         }
         for (i, r) in runs.iter().enumerate() {
             println!("  half load run {i}: {}", latency_line(r));
         }
+        let got = |runs: &[Run]| median(runs.iter().map(|r| r.sentences as f64 / r.secs).collect());
         println!(
-            "half load (acking on, target {rate:.0} sentences/s, got {:.0}): complete latency {}",
-            median(runs.iter().map(|r| r.sentences as f64 / r.secs).collect()),
+            "half load (acking on, max.spout.pending {}, target {rate:.0} sentences/s, got {:.0}): complete latency {}",
+            max_pending(),
+            got(&runs),
             latency_summary(&runs)
         );
+        if let Some(bound) = bound {
+            for (i, r) in bounded.iter().enumerate() {
+                println!("  bounded run {i}: {}", latency_line(r));
+            }
+            println!(
+                "half load, in flight bounded (acking on, max.spout.pending {bound} = 1 ms of the rate, target {rate:.0} sentences/s, got {:.0}): complete latency {}",
+                got(&bounded),
+                latency_summary(&bounded)
+            );
+        }
         for (i, r) in floors.iter().enumerate() {
             println!("  floor run {i}: {}", latency_line(r));
         }
