@@ -5,8 +5,8 @@
 //! CPU-second (user + sys of this process from `getrusage`, microseconds), and the p50 / p99 /
 //! p99.9 complete latency at about half of the measured maximum rate (acking on), six runs each
 //! printed, and six more interleaved with them at the same rate with `topology.max.spout.pending`
-//! bounded to 1 ms of it (`SQUALL_BENCH_BOUNDED=0` skips them; `MAX_PENDING=<n>` sets every
-//! other run's bound, default 20,000). Every figure line ends with what other processes burnt
+//! bounded to 1 ms of it (`SQUALL_BENCH_BOUNDED=<us>` another span of it, `0` skips them;
+//! `MAX_PENDING=<n>` sets every other run's bound, default 20,000). Every figure line ends with what other processes burnt
 //! meanwhile (`other_cpu_s`, the largest of the runs), the largest load average and, where the
 //! kernel runs a DAMON monitor, the CPU milliseconds its `kdamond` thread took (`kdamond_ms`:
 //! each of its 1-4 ms bursts holds a core, which shows in the latency tail). A latency run's
@@ -543,10 +543,11 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
         // followed by the same rate through the bare pipeline of `floor` (unless
         // `SQUALL_BENCH_FLOOR=0`): what the machine allows a three-thread pipeline then.
         // Then, unless `SQUALL_BENCH_BOUNDED=0`, six more with `topology.max.spout.pending`
-        // at 1 ms of the rate (Little's law: at most 1 ms of work in flight), interleaved.
+        // at 1 ms of the rate (Little's law: at most 1 ms of work in flight; or
+        // `SQUALL_BENCH_BOUNDED` microseconds of it), interleaved.
         let with_floor = env_or("SQUALL_BENCH_FLOOR", 1) != 0;
-        let bound =
-            (env_or("SQUALL_BENCH_BOUNDED", 1) != 0).then(|| pending_for(rate, Duration::from_millis(1)));
+        let within = Duration::from_micros(env_or("SQUALL_BENCH_BOUNDED", 1000));
+        let bound = (!within.is_zero()).then(|| pending_for(rate, within));
         let (mut runs, mut bounded, mut floors) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..6 {
             runs.extend(latency_run(rate, 3, None));
@@ -572,7 +573,8 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
                 println!("  bounded run {i}: {}", latency_line(r));
             }
             println!(
-                "half load, in flight bounded (acking on, max.spout.pending {bound} = 1 ms of the rate, target {rate:.0} sentences/s, got {:.0}): complete latency {}",
+                "half load, in flight bounded (acking on, max.spout.pending {bound} = {} us of the rate, target {rate:.0} sentences/s, got {:.0}): complete latency {}",
+                within.as_micros(),
                 got(&bounded),
                 latency_summary(&bounded)
             );
