@@ -136,12 +136,12 @@ impl Pipeline {
 /// what else is already written.
 ///
 /// A reader that is short after `WAIT` reads the whole topic once more from the start with a
-/// fresh consumer, and the read that saw more numbers is returned (one whole read, so the
-/// duplicates counted from it are the topic's). Why: one read can miss records that are there.
-/// tansu 0.6 answers a fetch at an offset inside a record batch with the next batch, and a
-/// CI run of `a_killed_worker_resumes_from_committed_offsets` had a reader, reading while the
-/// pipeline wrote, miss scattered numbers for its whole two minutes. A number missing from
-/// both reads is still reported missing.
+/// fresh consumer, says what that read found, and the read that saw more numbers is returned
+/// (one whole read, so the duplicates counted from it are the topic's). Why: a CI run of
+/// `a_killed_worker_resumes_from_committed_offsets` (2026-11-28) missed scattered numbers of
+/// two input partitions for the reader's whole two minutes, a pattern of lost sight rather than
+/// lost writes, and tansu 0.6 answers a fetch at an offset inside a record batch with the next
+/// batch. The second read tells the two apart: a number missing from both is reported missing.
 fn read_output(bootstrap: &str, topic: &str, partitions: i32, expect: usize) -> Vec<(String, u64)> {
     let mut out = support::read_records(bootstrap, topic, partitions, expect, WAIT, 10);
     let first = numbers(&out).len();
