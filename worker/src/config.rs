@@ -27,11 +27,13 @@ pub struct TopologyConfig {
     /// task; `null` is unbounded (Storm's default). Only tuples with a message id count.
     ///
     /// It bounds the complete latency too: tuples in flight are the rate times the time each
-    /// spends in the topology (Little's law), so `rate x target` keeps a backlog (after the host
-    /// stalled a thread) from queueing more than about `target` of work. Word count at ~430k
-    /// sentences/s on 2 cores: 1 ms of the rate kept p99 <= 1 ms in 12 of 18 runs against 5 of
-    /// 18 with 20,000, at the same delivered rate; a bound of 375 cut full load to ~670k from
-    /// ~865k sentences/s.
+    /// spends in the topology (Little's law), so a bound of a span of the rate keeps a backlog
+    /// (after the host stalled a thread) from queueing much more than that span of work. Take
+    /// about half the latency you want: a backlog drains only a little faster than the rate,
+    /// and each tuple waits behind about a bound's worth while it does. Word count at 373-404k
+    /// sentences/s on 2 cores: 0.5 ms of the rate kept p99 <= 1 ms in 18 of 18 runs against 2
+    /// of 18 with 20,000, at the same delivered rate (1 ms of it, at 429-439k: 12 of 18, p99
+    /// up to 1.6 ms); a bound of 215 cut full load to 642k from 757k sentences/s.
     #[serde(rename = "topology.max.spout.pending")]
     pub max_spout_pending: Option<u32>,
     /// `topology.tick.tuple.freq.secs`: tick tuples to every bolt task at this period; `null`
