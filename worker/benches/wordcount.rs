@@ -6,19 +6,19 @@
 //! p99.9 complete latency at about half of the measured maximum rate (acking on), six runs each
 //! printed, and six more interleaved with them at the same rate with `topology.max.spout.pending`
 //! bounded to 0.5 ms of it (`SQUALL_BENCH_BOUNDED=<us>` another span of it, `0` skips them;
-//! `MAX_PENDING=<n>` sets every other run's bound, default 20,000). Every figure line ends with what other processes burnt
-//! meanwhile (`other_cpu_s`, the largest of the runs), the largest load average and, where the
-//! kernel runs a DAMON monitor, the CPU milliseconds its `kdamond` thread took (`kdamond_ms`:
-//! each of its 1-4 ms bursts holds a core, which shows in the latency tail). A latency run's
-//! line adds its sentences per CPU-s and what a jHiccup-style probe thread saw (`measure::HiccupProbe`: how
-//! late a thread sleeping to 1 ms deadlines woke, how much of that it sat in the run queue, and
-//! how long a fixed piece of arithmetic took it, `calib_ns`; its CPU is not counted) and each
-//! busy thread's CPU microseconds per sentence (`thread_us`, from `schedstat`). After
-//! each latency run the same rate goes through `floor` (`wordcount/floor.rs`): the word count's
-//! shape as three bare threads handing each other one sentence at a time, so every invocation
-//! shows beside Squall's tail what this machine allowed such a pipeline in the same minutes
-//! (`SQUALL_BENCH_FLOOR=0` skips it). `SQUALL_BENCH_TIMELINE=1` prints, for each latency run,
-//! what each backlog of sentences in flight began with (`wordcount/timeline.rs`). Not a timed
+//! `MAX_PENDING=<n>` sets every other run's bound, default 20,000). Every figure line ends with
+//! what other processes burnt meanwhile (`other_cpu_s`, the largest of the runs), the largest load
+//! average and, where the kernel runs a DAMON monitor, the CPU milliseconds its `kdamond` thread
+//! took (`kdamond_ms`: each of its 1-4 ms bursts holds a core, which shows in the latency tail). A
+//! latency run's line adds its sentences per CPU-s and what a jHiccup-style probe thread saw
+//! (`measure::HiccupProbe`: how late a thread sleeping to 1 ms deadlines woke, how much of that it
+//! sat in the run queue, and how long a fixed piece of arithmetic took it, `calib_ns`; its CPU is
+//! not counted) and each busy thread's CPU microseconds per sentence (`thread_us`, from
+//! `schedstat`). After each latency run the same rate goes through `floor` (`wordcount/floor.rs`):
+//! the word count's shape as three bare threads handing each other one sentence at a time, so every
+//! invocation shows beside Squall's tail what this machine allowed such a pipeline in the same
+//! minutes (`SQUALL_BENCH_FLOOR=0` skips it). `SQUALL_BENCH_TIMELINE=1` prints, for each latency
+//! run, what each backlog of sentences in flight began with (`wordcount/timeline.rs`). Not a timed
 //! test.
 //!
 //! Then the same with two worker processes (this binary re-executed as children, connected
