@@ -143,20 +143,20 @@ impl Pipeline {
 /// lost writes, and tansu 0.6 answers a fetch at an offset inside a record batch with the next
 /// batch. The second read tells the two apart: a number missing from both is reported missing.
 fn read_output(bootstrap: &str, topic: &str, partitions: i32, expect: usize) -> Vec<(String, u64)> {
-    let mut out = support::read_records(bootstrap, topic, partitions, expect, WAIT, 10);
-    let first = numbers(&out).len();
-    if first < expect {
-        let again = support::read_records(bootstrap, topic, partitions, expect, WAIT / 4, 10);
-        let found = numbers(&again).difference(&numbers(&out)).count();
-        eprintln!(
-            "{topic}: the first read had {first} of {expect} numbers; a second read from the start found {} ({found} the first missed)",
-            numbers(&again).len()
-        );
-        if numbers(&again).len() > first {
-            out = again;
-        }
+    let out = support::read_records(bootstrap, topic, partitions, expect, WAIT, 10);
+    let first = numbers(&out);
+    if first.len() >= expect {
+        return out;
     }
-    out
+    let again = support::read_records(bootstrap, topic, partitions, expect, WAIT / 4, 10);
+    let second = numbers(&again);
+    eprintln!(
+        "{topic}: the first read had {} of {expect} numbers; a second read from the start found {} ({} the first missed)",
+        first.len(),
+        second.len(),
+        second.difference(&first).count()
+    );
+    if second.len() > first.len() { again } else { out }
 }
 
 /// Numbers of `0..n` missing from `got`, as (partition, offset) for `partitions`, at most 40.

@@ -100,6 +100,11 @@ impl Run {
         }
     }
 
+    /// Sentences (tuples, for one hop) per second.
+    fn per_s(&self) -> f64 {
+        self.sentences as f64 / self.secs
+    }
+
     /// Sentences (tuples, for one hop) per CPU-second.
     fn per_cpu_s(&self) -> f64 {
         self.sentences as f64 / self.cpu.max(1e-9)
@@ -419,7 +424,7 @@ fn two_process_run(acking: bool, items: u64, hop: bool, tls: bool) -> Option<Run
 }
 
 fn report(label: &str, runs: &[Run]) -> f64 {
-    let sps = median(runs.iter().map(|r| r.sentences as f64 / r.secs).collect());
+    let sps = median(runs.iter().map(Run::per_s).collect());
     let wps = median(runs.iter().map(|r| r.words as f64 / r.secs).collect());
     let wpc = median(runs.iter().map(|r| r.words as f64 / r.cpu.max(1e-9)).collect());
     let tpc = median(runs.iter().map(|r| (r.words + r.sentences) as f64 / r.cpu.max(1e-9)).collect());
@@ -433,7 +438,7 @@ fn report(label: &str, runs: &[Run]) -> f64 {
 
 /// One hop's line: tuples (sentences) per second and per CPU-second.
 fn hop_report(acking: bool, runs: &[Run]) {
-    let tps = median(runs.iter().map(|r| r.sentences as f64 / r.secs).collect());
+    let tps = median(runs.iter().map(Run::per_s).collect());
     let tpc = median(runs.iter().map(Run::per_cpu_s).collect());
     let cores = median(runs.iter().map(|r| r.cpu / r.secs).collect());
     println!(
@@ -563,11 +568,10 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
         for (i, r) in runs.iter().enumerate() {
             println!("  half load run {i}: {}", latency_line(r));
         }
-        let got = |runs: &[Run]| median(runs.iter().map(|r| r.sentences as f64 / r.secs).collect());
         println!(
             "half load (acking on, max.spout.pending {}, target {rate:.0} sentences/s, got {:.0}): complete latency {}",
             max_pending(),
-            got(&runs),
+            median(runs.iter().map(Run::per_s).collect()),
             latency_summary(&runs)
         );
         if let Some(bound) = bound {
@@ -577,7 +581,7 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
             println!(
                 "half load, in flight bounded (acking on, max.spout.pending {bound} = {} us of the rate, target {rate:.0} sentences/s, got {:.0}): complete latency {}",
                 within.as_micros(),
-                got(&bounded),
+                median(bounded.iter().map(Run::per_s).collect()),
                 latency_summary(&bounded)
             );
         }
@@ -587,7 +591,7 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
         if !floors.is_empty() {
             println!(
                 "floor (bare three-thread pipeline, no Squall, same rate, after each run above, got {:.0}): latency {}",
-                median(floors.iter().map(|r| r.sentences as f64 / r.secs).collect()),
+                median(floors.iter().map(Run::per_s).collect()),
                 latency_summary(&floors)
             );
         }
