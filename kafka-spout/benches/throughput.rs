@@ -21,7 +21,8 @@
 //! `SQUALL_BENCH_TIMELINE` (set: print the spout's acked count every 100 ms, to see stalls).
 //! `SQUALL_BENCH_INLINE=1|0` turns `squall.executor.inline.downstream` on or off in the word count.
 //! `SQUALL_BENCH_THREADS` (set: per thread of the spout topology, time on a CPU, runnable and
-//! asleep during the run: says whether the spout thread computes or waits).
+//! asleep during the run, and per component the time blocked on a full queue downstream: says
+//! whether the spout thread computes or waits, and on what).
 //! The spout's registry is the in-memory ensemble: ZooKeeper only sees a commit every
 //! `offsets.commit.interval.ms`, which is not what is measured here.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -253,7 +254,7 @@ fn spout_topology(broker: &tansu::Tansu, n: u64, run: usize) -> Run {
         eprintln!("timeline (ms, acked): {marks:?}");
     }
     let run = Run { secs: since_first(&first, start), measured: window.finish() };
-    print_threads(&run);
+    print_threads(&run, &cluster, &["kafka"]);
     assert_eq!(acked(), n, "spout acked everything");
     assert!(counted.load(Ordering::Relaxed) >= n);
     cluster.shutdown(Duration::from_secs(5));
@@ -261,8 +262,10 @@ fn spout_topology(broker: &tansu::Tansu, n: u64, run: usize) -> Run {
 }
 
 /// With `SQUALL_BENCH_THREADS`: the executors' and librdkafka's threads (alive until the
-/// topology shuts down), each one's time on a CPU, runnable and asleep during `run`.
-fn print_threads(run: &Run) {
+/// topology shuts down), each one's time on a CPU, runnable and asleep during `run`; then each
+/// component's time blocked on a full queue downstream (backpressure), which is part of
+/// "asleep" (and of "runnable" right after).
+fn print_threads(run: &Run, cluster: &LocalCluster, components: &[&str]) {
     if std::env::var_os("SQUALL_BENCH_THREADS").is_none() {
         return;
     }
@@ -275,6 +278,15 @@ fn print_threads(run: &Run) {
                 (run.measured.secs * 1e3 - (on_cpu + runqueue) as f64 / 1e6).max(0.0),
             );
         }
+    }
+    for c in components {
+        let ns: u64 = cluster
+            .runtime()
+            .component_stats(c)
+            .iter()
+            .map(|s| s.backpressure_ns.load(Ordering::Relaxed))
+            .sum();
+        eprintln!("  {c:16} blocked on a full queue downstream {:5.0} ms", ns as f64 / 1e6);
     }
 }
 
@@ -517,7 +529,7 @@ fn spout_word_count(broker: &tansu::Tansu, n: u64, run: usize) -> Run {
         std::thread::sleep(Duration::from_millis(2));
     }
     let run = Run { secs: since_first(&first, start), measured: window.finish() };
-    print_threads(&run);
+    print_threads(&run, &cluster, &["kafka", "split"]);
     assert_eq!(acked("kafka"), n, "spout acked every sentence");
     assert_eq!(acked("count"), words_in(n), "every word counted");
     cluster.shutdown(Duration::from_secs(5));
