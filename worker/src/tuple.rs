@@ -385,13 +385,19 @@ pub struct Anchor {
 }
 
 /// A tuple's anchors, inline for the usual zero or one tree (no allocation per tuple).
+///
+/// Two or more trees (a tuple anchored to inputs of different spout tuples) are a boxed slice,
+/// not a `Vec`: its 16 bytes fit beside the tag as `One`'s do, so `Anchors` is 24 bytes, not
+/// 32, and every envelope on every queue 8 bytes smaller (a word count writes one per word).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) enum Anchors {
     #[default]
     None,
     One(Anchor),
-    Many(Vec<Anchor>),
+    Many(Box<[Anchor]>),
 }
+
+const _: () = assert!(std::mem::size_of::<Anchors>() == 24, "anchors stay three words");
 
 impl Anchors {
     pub(crate) fn as_slice(&self) -> &[Anchor] {
@@ -411,10 +417,10 @@ impl Anchors {
         match self {
             Anchors::None => *self = Anchors::One(Anchor { root, edge }),
             Anchors::One(a) if a.root == root => a.edge ^= edge,
-            Anchors::One(a) => *self = Anchors::Many(vec![*a, Anchor { root, edge }]),
+            Anchors::One(a) => *self = Anchors::Many(Box::new([*a, Anchor { root, edge }])),
             Anchors::Many(v) => match v.iter_mut().find(|a| a.root == root) {
                 Some(a) => a.edge ^= edge,
-                None => v.push(Anchor { root, edge }),
+                None => *v = v.iter().copied().chain([Anchor { root, edge }]).collect(),
             },
         }
     }
@@ -422,18 +428,12 @@ impl Anchors {
 
 impl FromIterator<Anchor> for Anchors {
     fn from_iter<I: IntoIterator<Item = Anchor>>(iter: I) -> Self {
-        let mut out = Anchors::None;
-        for a in iter {
-            out = match out {
-                Anchors::None => Anchors::One(a),
-                Anchors::One(first) => Anchors::Many(vec![first, a]),
-                Anchors::Many(mut v) => {
-                    v.push(a);
-                    Anchors::Many(v)
-                }
-            };
+        let all: smallvec::SmallVec<[Anchor; 1]> = iter.into_iter().collect();
+        match all.as_slice() {
+            [] => Anchors::None,
+            [one] => Anchors::One(*one),
+            _ => Anchors::Many(all.into_vec().into_boxed_slice()),
         }
-        out
     }
 }
 

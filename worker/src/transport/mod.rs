@@ -243,7 +243,7 @@ mod tests {
         let anchors = [
             Anchors::None,
             Anchors::One(Anchor { root: 1, edge: 2 }),
-            Anchors::Many(vec![Anchor { root: 3, edge: 4 }, Anchor { root: 5, edge: 6 }]),
+            Anchors::Many(Box::new([Anchor { root: 3, edge: 4 }, Anchor { root: 5, edge: 6 }])),
         ];
         let mut batch: Batch = values
             .iter()
