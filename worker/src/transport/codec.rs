@@ -302,11 +302,11 @@ pub(crate) fn decode_each(
                 let anchors = match c.u16()? {
                     0 => Anchors::None,
                     1 => Anchors::One(Anchor { root: c.u64()?, edge: c.u64()? }),
-                    n => Anchors::Many(
+                    n => Anchors::Many(Box::new(
                         (0..n)
                             .map(|_| Ok(Anchor { root: c.u64()?, edge: c.u64()? }))
                             .collect::<Result<_>>()?,
-                    ),
+                    )),
                 };
                 let n = c.u16()? as usize;
                 if n != meta.fields.len() {

@@ -243,7 +243,7 @@ mod tests {
         let anchors = [
             Anchors::None,
             Anchors::One(Anchor { root: 1, edge: 2 }),
-            Anchors::Many(Box::new([Anchor { root: 3, edge: 4 }, Anchor { root: 5, edge: 6 }])),
+            Anchors::Many(Box::new(vec![Anchor { root: 3, edge: 4 }, Anchor { root: 5, edge: 6 }])),
         ];
         let mut batch: Batch = values
             .iter()
@@ -475,7 +475,7 @@ mod tests {
                 values: [Value::Null].into_iter().collect(),
                 stream,
                 source_task: TaskId(2),
-                anchors: Anchors::Many((0..70_000).map(|i| Anchor { root: i, edge: i }).collect()),
+                anchors: Anchors::Many(Box::new((0..70_000).map(|i| Anchor { root: i, edge: i }).collect())),
             },
         };
         let e = encode_batch(&[anchors], &mut Vec::new()).unwrap_err().to_string();
