@@ -432,12 +432,18 @@ impl Anchors {
 
 impl FromIterator<Anchor> for Anchors {
     fn from_iter<I: IntoIterator<Item = Anchor>>(iter: I) -> Self {
-        let all: smallvec::SmallVec<[Anchor; 1]> = iter.into_iter().collect();
-        match all.as_slice() {
-            [] => Anchors::None,
-            [one] => Anchors::One(*one),
-            _ => Anchors::Many(Box::new(all.into_vec())),
+        let mut out = Anchors::None;
+        for a in iter {
+            out = match out {
+                Anchors::None => Anchors::One(a),
+                Anchors::One(first) => Anchors::Many(Box::new(vec![first, a])),
+                Anchors::Many(mut v) => {
+                    v.push(a);
+                    Anchors::Many(v)
+                }
+            };
         }
+        out
     }
 }
 
