@@ -45,7 +45,7 @@ use crate::component::Bolt;
 use crate::executor::StreamTable;
 use crate::queue::QueueReceiver;
 use crate::stats::{ExecStats, ExecuteSamples, SAMPLE_EVERY};
-use crate::tuple::{StreamMeta, Tuple};
+use crate::tuple::{StreamMeta, Tuple, Value, Values};
 
 /// The longest an upstream thread is expected to spend running a batch for an idle executor
 /// ([`BoltCell::try_run`]): a spout's thread then leaves its acker's verdicts waiting at most
@@ -347,7 +347,7 @@ impl Inputs {
         let Sent { values, stream, source_task, anchors } = sent;
         match &mut self.current {
             Some(t) if t.meta.index == stream => {
-                t.values = values;
+                drop_values(std::mem::replace(&mut t.values, values));
                 t.source_task = source_task;
                 t.anchors = anchors;
                 t.ack_val = 0.into();
@@ -358,6 +358,24 @@ impl Inputs {
             }
         }
         self.current.as_ref()
+    }
+}
+
+/// Drops `values`, without the call to their drop when there is nothing to free: a tuple of
+/// numbers and inline texts (a word, a key), most inputs. The call was ~7% of a word count's
+/// instructions per word (callgrind).
+#[inline(always)]
+fn drop_values(values: Values) {
+    let owns_nothing = !values.spilled()
+        && values.iter().all(|v| match v {
+            Value::Str(s) => !s.is_heap_allocated(),
+            Value::Bytes(_) => false,
+            Value::Null | Value::Bool(_) | Value::Int(_) | Value::Float(_) => true,
+        });
+    if owns_nothing {
+        std::mem::forget(values);
+    } else {
+        drop(values);
     }
 }
 

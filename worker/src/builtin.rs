@@ -207,7 +207,8 @@ impl Default for SplitSentence {
     }
 }
 
-/// The most distinct words a split task keeps built (~2 MB); later new words are built per use.
+/// The most words a split task keeps built (slots of 24 bytes: at most 1.5 MB); beyond them a
+/// new word replaces another or is built per use.
 const WORD_CACHE_MAX: usize = 65_536;
 
 impl SplitSentence {
@@ -553,6 +554,7 @@ mod tests {
         for i in 0..WORD_CACHE_MAX + 10 {
             assert_eq!(full.words.get(&format!("w{i}")).as_str(), format!("w{i}"));
         }
-        assert_eq!(full.words.len(), WORD_CACHE_MAX);
+        let held = full.words.len();
+        assert!((WORD_CACHE_MAX / 2..=WORD_CACHE_MAX).contains(&held), "{held} words kept");
     }
 }

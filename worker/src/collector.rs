@@ -21,7 +21,7 @@ use crate::error::Error;
 use crate::grouping::{Chooser, SplitMix64};
 use crate::pending::{PendingTrees, PendingTuple};
 use crate::stats::ExecStats;
-use crate::tuple::{Anchor, Anchors, StreamMeta, Tuple, Value, Values};
+use crate::tuple::{Anchor, Anchors, DEFAULT_STREAM, StreamMeta, Tuple, Value, Values};
 
 /// A tuple in flight. Its stream travels as an index into the topology's stream table: the
 /// receiving executor attaches its own copy of the stream's metadata, so no reference count
@@ -294,6 +294,8 @@ pub(crate) struct Emitter {
     pub(crate) component: ComponentId,
     pub(crate) task: TaskId,
     streams: Vec<OutStream>,
+    /// The index in `streams` of the default stream, if it declares one.
+    default_stream: Option<usize>,
     shared: Arc<SharedRoutes>,
     version: u64,
     routes: Arc<Routes>,
@@ -348,6 +350,7 @@ impl Emitter {
         Emitter {
             component,
             task,
+            default_stream: streams.iter().position(|s| s.meta.stream == DEFAULT_STREAM),
             streams,
             shared,
             version,
@@ -376,7 +379,16 @@ impl Emitter {
         !self.ackers.is_empty()
     }
 
+    /// The index in `streams` of the output stream `stream`.
+    ///
+    /// The default stream (most emits), passed as [`DEFAULT_STREAM`] itself, is known by its
+    /// address without comparing names: static text at that address can only be that text.
+    /// Any other `"default"` takes the comparison, with the same answer.
+    #[inline(always)]
     fn stream_index(&self, stream: &str) -> Option<usize> {
+        if std::ptr::eq(stream, DEFAULT_STREAM) {
+            return self.default_stream;
+        }
         self.streams.iter().position(|s| s.meta.stream == stream)
     }
 

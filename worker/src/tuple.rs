@@ -243,74 +243,186 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 /// Short texts built once, handed out as copies: the split bolt's words, a transport
 /// connection's decoded texts. Building a short text in place and moving it at once stalls on
 /// the stores that wrote it (a quarter of the split bolt's time; with the moves after it, a
-/// third of the receiving thread on word count); copying a built one does not. Holds at most
-/// `max` inline texts (a longer one lives in a shared buffer whose reference count every
-/// thread dropping a copy would touch: built per use); once full, a cache whose lookups keep
-/// missing (ids, say) stops looking.
+/// third of the receiving thread on word count); copying a built one does not.
+///
+/// A text has one bucket of [`WAYS`] slots, picked by [`slot_hash`]; a lookup is a hash of at
+/// most three machine words and a comparison per slot tried, usually one (a hash set's probe
+/// took word count ~100 instructions per word, a third of the split bolt's). A miss builds
+/// the text and keeps it in the bucket's first free slot; a full bucket, or half the slots
+/// held, doubles the buckets instead while below `max` slots, so a vocabulary of thousands of
+/// words settles with every word kept. Only inline texts are kept (a longer one lives in a
+/// shared buffer whose reference count every thread dropping a copy would touch: built per
+/// use). At `max` slots a miss in a full bucket replaces its last text, and a cache that has
+/// replaced `max` texts with fewer hits meanwhile (ids, say) stops looking.
 #[derive(Debug)]
 pub(crate) struct TextCache {
-    texts: hashbrown::HashSet<Text, TextHasher>,
+    /// A power of two of buckets (none before the first miss); each fills from its first slot.
+    buckets: Vec<[Option<Text>; WAYS]>,
+    /// `64 - log2(buckets.len())`: the hash's top bits pick the bucket.
+    shift: u32,
+    /// Slots holding a text.
+    held: usize,
+    /// The most slots (a power of two, at least `WAYS`).
     max: usize,
-    /// Lookups that missed and that hit since it holds `max` texts.
-    full_misses: usize,
+    /// Lookups that hit since the cache has `max` slots.
     full_hits: usize,
+    /// Texts replaced by another (only ever at `max` slots).
+    evictions: usize,
     off: bool,
+}
+
+/// Slots per bucket of a [`TextCache`].
+const WAYS: usize = 4;
+
+/// The most slots per text a [`TextCache`] grows to for a text that is not first in its bucket.
+const SPARSE: usize = 64;
+
+/// The buckets a cache takes at its first miss.
+const FIRST_BUCKETS: usize = 16;
+
+/// The slot hash of a text of at most [`INLINE_TEXT_MAX`] bytes (longer ones are never kept):
+/// its first, second and last eight bytes (those it has; overlapping loads for the shorter),
+/// with its length, mixed by one multiplication.
+#[inline(always)]
+fn slot_hash(b: &[u8]) -> u64 {
+    let n = b.len();
+    let eight = |c: Option<&[u8; 8]>| c.map_or(0, |c| u64::from_le_bytes(*c));
+    let x = if let (Some(f), Some(l)) = (b.first_chunk::<8>(), b.last_chunk::<8>()) {
+        let second = if n > 16 { eight(b.get(8..).and_then(<[u8]>::first_chunk::<8>)) } else { 0 };
+        u64::from_le_bytes(*f) ^ u64::from_le_bytes(*l).rotate_left(29) ^ second.rotate_left(43)
+    } else if let (Some(f), Some(l)) = (b.first_chunk::<4>(), b.last_chunk::<4>()) {
+        u64::from(u32::from_le_bytes(*f)) | (u64::from(u32::from_le_bytes(*l)) << 32)
+    } else if let (Some(f), Some(l)) = (b.first(), b.last()) {
+        u64::from(*f) | (u64::from(b[n / 2]) << 8) | (u64::from(*l) << 16)
+    } else {
+        0
+    };
+    // A folded multiply: each half of the 128-bit product depends on every bit of the input.
+    let product = u128::from(x ^ ((n as u64) << 56)) * 0x9E37_79B9_7F4A_7C15;
+    (product as u64) ^ ((product >> 64) as u64)
 }
 
 impl TextCache {
     pub(crate) fn new(max: usize) -> Self {
-        TextCache { texts: Default::default(), max, full_misses: 0, full_hits: 0, off: false }
+        TextCache {
+            buckets: Vec::new(),
+            shift: 64,
+            held: 0,
+            max: max.next_power_of_two().max(WAYS),
+            full_hits: 0,
+            evictions: 0,
+            off: false,
+        }
     }
 
     fn full(&self) -> bool {
-        self.texts.len() >= self.max
+        self.buckets.len() * WAYS >= self.max
+    }
+
+    /// The bucket of `s` (0 while there is at most one).
+    #[inline(always)]
+    fn bucket_of(&self, s: &[u8]) -> usize {
+        slot_hash(s).checked_shr(self.shift).unwrap_or(0) as usize
     }
 
     /// `s` as a [`Text`], a copy of the built one when there is one.
-    ///
-    /// The hit is inlined into the caller: returned from a call, the text went through the
-    /// stack in stores the caller's wider loads could not be forwarded from (an eighth of the
-    /// split bolt's `execute`).
     #[inline(always)]
     pub(crate) fn get(&mut self, s: &str) -> Text {
-        if !self.off
-            && let Some(t) = self.texts.get(&TextRef(s))
-        {
-            if self.full() {
-                self.full_hits += 1;
+        if let Some([Some(first), rest @ ..]) = self.buckets.get(self.bucket_of(s.as_bytes())) {
+            // Most hits are a bucket's first text: it is tried before the loop.
+            let hit = if same_bytes(first.as_bytes(), s.as_bytes()) {
+                Some(first)
+            } else {
+                rest.iter().map_while(Option::as_ref).find(|t| same_bytes(t.as_bytes(), s.as_bytes()))
+            };
+            if let Some(t) = hit {
+                if self.full() {
+                    self.full_hits += 1;
+                }
+                return t.clone();
             }
-            return t.clone();
         }
         self.miss(s)
     }
 
-    /// `get` without a built copy of `s`: builds it, and keeps it while there is room.
+    /// `get` without a built copy of `s`: builds it, and keeps it (see [`TextCache`]).
     #[inline(never)]
     fn miss(&mut self, s: &str) -> Text {
         let text = Text::new(s);
         if self.off || s.len() > INLINE_TEXT_MAX {
             return text;
         }
-        if !self.full() {
-            self.texts.insert(text.clone());
-        } else {
-            self.full_misses += 1;
-            if self.full_misses >= self.max && self.full_hits < self.full_misses {
+        if !self.full() && self.wants_room(s.as_bytes()) {
+            self.grow();
+        }
+        if self.keep(text.clone()) {
+            self.evictions += 1;
+            if self.evictions >= self.max && self.full_hits < self.evictions {
                 self.off = true;
-                self.texts = Default::default();
+                self.buckets = Vec::new();
+                self.held = 0;
             }
         }
         text
     }
 
+    /// Whether to grow before keeping `s` (below `max` slots): when half the slots are held,
+    /// when its bucket is full, or when its bucket's first slot is taken and the slots are
+    /// fewer than [`SPARSE`] per text held. A hit beyond a bucket's first slot costs a
+    /// comparison more and a branch the processor guesses wrong as often as it happens (a
+    /// word count did ~10% fewer words per CPU-s with a quarter of its words beyond the
+    /// first); so a small vocabulary is spread until nearly every word is first in its bucket,
+    /// and a large one fills the buckets.
+    fn wants_room(&self, s: &[u8]) -> bool {
+        let slots = self.buckets.len() * WAYS;
+        match self.buckets.get(self.bucket_of(s)) {
+            None => true,
+            Some(bucket) => {
+                self.held * 2 >= slots
+                    || bucket[WAYS - 1].is_some()
+                    || (bucket[0].is_some() && slots < SPARSE * self.held)
+            }
+        }
+    }
+
+    /// Puts `text` in its bucket's first free slot, or in place of its last text: whether it
+    /// evicted one.
+    fn keep(&mut self, text: Text) -> bool {
+        let b = self.bucket_of(text.as_bytes());
+        let Some(bucket) = self.buckets.get_mut(b) else { return false };
+        match bucket.iter_mut().find(|slot| slot.is_none()) {
+            Some(free) => {
+                *free = Some(text);
+                self.held += 1;
+                false
+            }
+            None => {
+                bucket[WAYS - 1] = Some(text);
+                true
+            }
+        }
+    }
+
+    /// Doubles the buckets (`FIRST_BUCKETS` when there are none, at most `max` slots), moving
+    /// each text.
+    fn grow(&mut self) {
+        let len = (self.buckets.len() * 2).clamp(FIRST_BUCKETS.min(self.max / WAYS), self.max / WAYS);
+        let old = std::mem::replace(&mut self.buckets, vec![Default::default(); len]);
+        self.shift = 64 - len.trailing_zeros();
+        self.held = 0;
+        for t in old.into_iter().flatten().flatten() {
+            self.keep(t);
+        }
+    }
+
     #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Text> {
-        self.texts.iter()
+        self.buckets.iter().flatten().flatten()
     }
 
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.texts.len()
+        self.held
     }
 }
 
@@ -567,18 +679,55 @@ mod tests {
         assert_eq!(Value::Str(cache.get("word")), Value::from("word"));
         let long = "a text longer than twenty-three bytes";
         assert_eq!(Value::Str(cache.get(long)), Value::from(long));
-        assert_eq!(cache.texts.len(), 1, "only short text is kept");
-        // Fill it, then miss with distinct ids: it gives up after as many misses as it holds.
-        for i in 1..MAX {
-            cache.get(&format!("w{i}"));
+        assert_eq!(cache.len(), 1, "only short text is kept");
+        // Distinct ids fill its buckets, then replace texts: it gives up after `MAX` of those.
+        let (mut n, mut most) = (0, 0);
+        while !cache.off && n < 4 * MAX {
+            let id = format!("id{n}");
+            assert_eq!(Value::Str(cache.get(&id)), Value::from(id.as_str()));
+            most = most.max(cache.len());
+            n += 1;
         }
-        assert_eq!(cache.texts.len(), MAX);
-        for i in 0..MAX {
-            assert!(!cache.off, "still looking after {i} misses");
-            assert_eq!(Value::Str(cache.get(&format!("id{i}"))), Value::from(format!("id{i}").as_str()));
-        }
-        assert!(cache.off && cache.texts.is_empty(), "a cache that only misses is dropped");
+        assert!(cache.off, "still looking after {n} distinct ids");
+        assert!((MAX / 2..=MAX).contains(&most), "held at most {most} texts in {MAX} slots");
+        // `most` counts "word", kept before the ids.
+        assert!(n + 1 >= MAX + most, "gave up after {n} ids, holding {most}");
+        assert!(cache.len() == 0 && cache.buckets.is_empty(), "a cache that only misses is dropped");
         assert_eq!(Value::Str(cache.get("word")), Value::from("word"));
+    }
+
+    /// A vocabulary (here 2,000 words of every inline length, differing anywhere) settles in
+    /// a split bolt's cache: after one pass each lookup hits, and gives the text looked up.
+    #[test]
+    fn the_text_cache_grows_until_a_vocabulary_hits() {
+        let mut cache = TextCache::new(65_536);
+        let words: Vec<String> = (0..2000u32)
+            .map(|i| {
+                let len = 1 + (i as usize % INLINE_TEXT_MAX);
+                let mut w: Vec<u8> = (0..len).map(|k| b'a' + (k % 26) as u8).collect();
+                // Differ in one byte, at the start, the middle or the end by turns.
+                let at = [0, len / 2, len - 1][i as usize % 3];
+                w[at] = b'A' + (i / 69 % 26) as u8;
+                if len > 2 {
+                    w[(at + 1) % len] = b'0' + (i % 10) as u8;
+                }
+                String::from_utf8(w).expect("ascii")
+            })
+            .collect();
+        let distinct: std::collections::HashSet<&String> = words.iter().collect();
+        for w in &words {
+            assert_eq!(cache.get(w).as_str(), w);
+        }
+        assert_eq!(cache.len(), distinct.len(), "every word kept");
+        assert_eq!(cache.evictions, 0, "none replaced");
+        for w in &words {
+            let t = cache.get(w);
+            assert_eq!(t.as_str(), w);
+            let bucket = cache.buckets.get(cache.bucket_of(w.as_bytes())).expect("a bucket");
+            assert!(bucket.contains(&Some(t)), "{w} kept in its bucket");
+        }
+        assert_eq!(cache.len(), distinct.len());
+        assert_eq!(cache.evictions, 0);
     }
 
     /// `same_bytes` agrees with `==` for every length up to 40 bytes, on equal texts and on
@@ -636,8 +785,10 @@ mod tests {
     #[test]
     fn a_full_cache_that_keeps_hitting_stays() {
         let mut cache = TextCache::new(MAX);
-        for i in 0..MAX {
+        let mut i = 0;
+        while !cache.full() {
             cache.get(&format!("w{i}"));
+            i += 1;
         }
         for i in 0..3 * MAX {
             cache.get(&format!("w{}", i % 100));
