@@ -45,6 +45,9 @@ pub(crate) fn sample_clock() -> &'static quanta::Clock {
 #[derive(Debug)]
 pub(crate) struct ExecuteSamples {
     clock: &'static quanta::Clock,
+    /// Executes until the next one timed (a countdown: a remainder per execute was a
+    /// multiplication on every tuple).
+    until_sample: u64,
     ns: u64,
     count: u64,
     buckets: [u64; LATENCY_BUCKETS.len() + 1],
@@ -52,7 +55,24 @@ pub(crate) struct ExecuteSamples {
 
 impl ExecuteSamples {
     pub(crate) fn new() -> Self {
-        ExecuteSamples { clock: sample_clock(), ns: 0, count: 0, buckets: [0; LATENCY_BUCKETS.len() + 1] }
+        ExecuteSamples {
+            clock: sample_clock(),
+            until_sample: SAMPLE_EVERY,
+            ns: 0,
+            count: 0,
+            buckets: [0; LATENCY_BUCKETS.len() + 1],
+        }
+    }
+
+    /// Whether this execute is one of every [`SAMPLE_EVERY`] to time.
+    #[inline]
+    pub(crate) fn due(&mut self) -> bool {
+        self.until_sample -= 1;
+        if self.until_sample == 0 {
+            self.until_sample = SAMPLE_EVERY;
+            return true;
+        }
+        false
     }
 
     /// The clock's reading now, to start timing an execute.
