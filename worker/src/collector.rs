@@ -310,6 +310,9 @@ pub(crate) struct Emitter {
     pub(crate) ackers: Vec<TaskId>,
     pub(crate) rng: SplitMix64,
     targets: Vec<TaskId>,
+    /// The one task the last emit went to when it had no choice (`emit_one`); `targets` holds
+    /// them otherwise.
+    sole_target: Option<TaskId>,
     errors: Option<ErrorSender>,
     pub(crate) stats: Arc<ExecStats>,
     pub(crate) emitted: u64,
@@ -364,6 +367,7 @@ impl Emitter {
                 0x5eed ^ u64::from(task.0).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ now_nanos(),
             ),
             targets: Vec::new(),
+            sole_target: None,
             errors,
             stats,
             emitted: 0,
@@ -676,6 +680,7 @@ impl Emitter {
         }
         let mut targets = std::mem::take(&mut self.targets);
         targets.clear();
+        self.sole_target = None;
         for sub in &mut self.streams[si].subscribers {
             match direct {
                 Some(task) => {
@@ -734,8 +739,7 @@ impl Emitter {
         let Some((stream_index, task)) = sole else {
             return self.emit_routed(stream, value.into(), anchors_for);
         };
-        self.targets.clear();
-        self.targets.push(task);
+        self.sole_target = Some(task);
         self.emitted += 1;
         self.transferred += 1;
         let anchors = anchors_for(&mut self.rng);
@@ -756,7 +760,10 @@ impl Emitter {
 
     /// The tasks the last emit went to (a multilang subprocess's `need_task_ids`).
     pub(crate) fn last_targets(&self) -> &[TaskId] {
-        &self.targets
+        match &self.sole_target {
+            Some(task) => std::slice::from_ref(task),
+            None => &self.targets,
+        }
     }
 
     pub(crate) fn acker_of(&self, root: u64) -> Option<TaskId> {
