@@ -369,10 +369,10 @@ impl TextCache {
     /// Whether to grow before keeping `s` (below `max` slots): when half the slots are held,
     /// when its bucket is full, or when its bucket's first slot is taken and the slots are
     /// fewer than [`SPARSE`] per text held. A hit beyond a bucket's first slot costs a
-    /// comparison more and a branch the processor guesses wrong as often as it happens (a
-    /// word count did ~10% fewer words per CPU-s with a quarter of its words beyond the
-    /// first); so a small vocabulary is spread until nearly every word is first in its bucket,
-    /// and a large one fills the buckets.
+    /// comparison more and a branch the processor mispredicts (spread only to an eighth of
+    /// the slots held, a word count did ~8% fewer words per CPU-s than with a slot per word);
+    /// so a small vocabulary is spread until nearly every word is first in its bucket, and a
+    /// large one fills the buckets.
     fn wants_room(&self, s: &[u8]) -> bool {
         let slots = self.buckets.len() * WAYS;
         match self.buckets.get(self.bucket_of(s)) {
