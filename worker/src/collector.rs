@@ -1258,6 +1258,15 @@ mod tests {
             let by_emit = sent(&mut em);
             assert_eq!(by_value.len(), 50);
             assert_eq!(by_value, by_emit, "tasks {tasks:?}");
+            // The default stream named by text of its own (not `DEFAULT_STREAM`'s address)
+            // routes the same; an undeclared stream is refused.
+            let named = String::from("default");
+            let mut out = BoltCollector { em: &mut em };
+            for w in words(50) {
+                out.emit_stream(&named, &[&unanchored], [Value::Str(w)]).unwrap();
+            }
+            assert!(out.emit_stream("other", &[&unanchored], [Value::from("w")]).is_err());
+            assert_eq!(sent(&mut em), by_value, "tasks {tasks:?}, stream named");
             let used: std::collections::BTreeSet<TaskId> = by_value.iter().map(|(t, _)| *t).collect();
             assert_eq!(used.len(), tasks.len(), "every task takes some words: {used:?}");
         }
