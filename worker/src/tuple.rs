@@ -286,9 +286,11 @@ const FIRST_BUCKETS: usize = 16;
 #[inline(always)]
 fn slot_hash(b: &[u8]) -> u64 {
     let n = b.len();
-    let eight = |c: Option<&[u8; 8]>| c.map_or(0, |c| u64::from_le_bytes(*c));
     let x = if let (Some(f), Some(l)) = (b.first_chunk::<8>(), b.last_chunk::<8>()) {
-        let second = if n > 16 { eight(b.get(8..).and_then(<[u8]>::first_chunk::<8>)) } else { 0 };
+        let second = match b.get(8..).and_then(<[u8]>::first_chunk::<8>) {
+            Some(s) if n > 16 => u64::from_le_bytes(*s),
+            _ => 0,
+        };
         u64::from_le_bytes(*f) ^ u64::from_le_bytes(*l).rotate_left(29) ^ second.rotate_left(43)
     } else if let (Some(f), Some(l)) = (b.first_chunk::<4>(), b.last_chunk::<4>()) {
         u64::from(u32::from_le_bytes(*f)) | (u64::from(u32::from_le_bytes(*l)) << 32)
