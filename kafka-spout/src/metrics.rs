@@ -17,6 +17,8 @@ pub struct SpoutMetrics {
     pub(crate) out_of_range: IntCounterVec,
     /// Fetches given back unemitted because the ownership lease had run out.
     pub(crate) given_back: IntCounterVec,
+    /// Offsets a fetch passed over between two messages of a partition.
+    pub(crate) skipped: IntCounterVec,
     pub(crate) committed_offset: IntGaugeVec,
     pub(crate) log_end_offset: IntGaugeVec,
     pub(crate) lag: IntGaugeVec,
@@ -105,6 +107,12 @@ impl SpoutMetrics {
                 registry,
                 "squall_spout_fetches_given_back_total",
                 "Fetched batches of the partition given back unemitted because the ownership lease had run out (the process stopped or stalled past its ZooKeeper session); the partition is read again from the batch's first offset",
+                TP,
+            )?,
+            skipped: counter(
+                registry,
+                "squall_spout_offsets_skipped_total",
+                "Offsets the fetch passed over between two messages of the partition: compacted away, transaction markers, or missing from the broker's log; the spout commits past them",
                 TP,
             )?,
             committed_offset: gauge(

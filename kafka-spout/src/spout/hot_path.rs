@@ -217,6 +217,12 @@ fn emit_batch(
                 part.out_of_range.inc();
                 tracing::warn!(%topic, partition, from = part.offsets.next(), to = offset, "offset out of range; reset forward by auto.offset.reset");
                 state.resets_pending = resets_pending - 1;
+            } else if offset > part.offsets.next() {
+                // Compaction and transaction markers leave gaps; so would a broker or a lost
+                // seek that skipped messages. Counted, so a loss shows where it happened.
+                let next = part.offsets.next();
+                part.skipped.inc_by(offset.abs_diff(next));
+                tracing::debug!(%topic, partition, from = next, to = offset, "offsets passed over by the fetch");
             }
             let Some(part) = state.parts.get_mut(&slot) else { continue };
             let Some(id) = MsgId::new(part.slot, part.base, offset) else {
@@ -594,5 +600,32 @@ mod tests {
         let given_back: u64 = state.parts.values().map(|p| p.given_back.get()).sum();
         assert!(given_back > 0, "no batch was given back: the test proved nothing");
         assert!(!state.rewinds_pending && state.parts.values().all(|p| p.rewind_to.is_none()));
+        let skipped: u64 = state.parts.values().map(|p| p.skipped.get()).sum();
+        assert_eq!(skipped, 0, "a seek back after a batch given back passed over offsets");
+    }
+
+    /// Offsets the fetch passes over (compaction, transaction markers, a broker that lost
+    /// them) are emitted past, as a Kafka consumer does, and counted: a loss shows where.
+    #[test]
+    fn offsets_the_fetch_passes_over_are_counted() {
+        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+        let (mut hot, state) = hot_path_over(&cluster, 2, 50, 16, &[]);
+        // Partition 0 starts at 0 for the spout, but the broker's next message is 5: as if
+        // 0..5 were compacted away.
+        hot.fetcher.seek("t", 0, 5).unwrap();
+        let mut out = Emitted::default();
+        emit_until(&mut hot, &mut out, 95);
+        let mut seen = std::collections::BTreeMap::<i64, Vec<i64>>::new();
+        for (values, _) in &out.0 {
+            let (partition, offset, _, _) = fields(values);
+            seen.entry(partition).or_default().push(offset);
+        }
+        assert_eq!(seen.get(&0), Some(&(5..50).collect::<Vec<i64>>()));
+        assert_eq!(seen.get(&1), Some(&(0..50).collect::<Vec<i64>>()));
+        let state = lock(&state);
+        let skipped = |p| state.get(&tp("t", p)).map(|part| part.skipped.get());
+        assert_eq!((skipped(0), skipped(1)), (Some(5), Some(0)));
+        // The commit passes over them as over acked offsets once 5.. are acked.
+        assert_eq!(state.get(&tp("t", 0)).map(|part| part.offsets.next()), Some(50));
     }
 }

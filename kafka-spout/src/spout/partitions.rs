@@ -47,6 +47,7 @@ pub(super) struct PartState {
     pub(super) given_up: IntCounter,
     pub(super) out_of_range: IntCounter,
     pub(super) given_back: IntCounter,
+    pub(super) skipped: IntCounter,
 }
 
 impl PartState {
@@ -197,6 +198,7 @@ impl TaskState {
             given_up: metrics.given_up.with_label_values(&labels),
             out_of_range: metrics.out_of_range.with_label_values(&labels),
             given_back: metrics.given_back.with_label_values(&labels),
+            skipped: metrics.skipped.with_label_values(&labels),
             tp,
         };
         self.slots.entry(part.tp.topic.to_string()).or_default().insert(part.tp.partition.get(), slot);
