@@ -15,9 +15,10 @@
 //! sat in the run queue, and how long a fixed piece of arithmetic took it, `calib_ns`; its CPU is
 //! not counted) and each busy thread's CPU microseconds per sentence (`thread_us`, from
 //! `schedstat`). After each latency run the same rate goes through `floor` (`wordcount/floor.rs`):
-//! the word count's shape as three bare threads handing each other one sentence at a time, so every
-//! invocation shows beside Squall's tail what this machine allowed such a pipeline in the same
-//! minutes (`SQUALL_BENCH_FLOOR=0` skips it). `SQUALL_BENCH_TIMELINE=1` prints, for each latency
+//! the word count's shape as three bare threads handing each other one sentence at a time, then as
+//! a generator and one thread that splits and counts (the shape Squall runs at partial load, the
+//! spout's thread running the whole tree), so every invocation shows beside Squall's tail what
+//! this machine allowed such pipelines in the same minutes (`SQUALL_BENCH_FLOOR=0` skips both). `SQUALL_BENCH_TIMELINE=1` prints, for each latency
 //! run, what each backlog of sentences in flight began with (`wordcount/timeline.rs`). Not a timed
 //! test.
 //!
@@ -284,10 +285,10 @@ fn latency_run(rate: f64, secs: u64, pending: Option<u32>) -> Option<Run> {
     Some(run)
 }
 
-/// The bare three-thread pipeline of `floor` at `rate`, measured like [`latency_run`]: a second
+/// A bare pipeline of `floor` (`shape`) at `rate`, measured like [`latency_run`]: a second
 /// of warm-up, then `secs` with the hiccup probe beside it.
-fn floor_run(rate: f64, secs: u64) -> Option<Run> {
-    let running = floor::start(rate, Duration::from_secs(1), Duration::from_secs(secs))?;
+fn floor_run(shape: floor::Shape, rate: f64, secs: u64) -> Option<Run> {
+    let running = floor::start(shape, rate, Duration::from_secs(1), Duration::from_secs(secs))?;
     std::thread::sleep(Duration::from_secs(1));
     // The floor counts its own sentences (those sent in the window and acked by its end).
     let mut run = probed_window(secs, || 0, false);
@@ -546,7 +547,8 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
         let rate = fixed_rate.unwrap_or(max_rate / 2.0);
         // Six runs, each printed: the goal is a p99 under 1 ms in every one of them. Each is
         // followed by the same rate through the bare pipeline of `floor` (unless
-        // `SQUALL_BENCH_FLOOR=0`): what the machine allows a three-thread pipeline then.
+        // `SQUALL_BENCH_FLOOR=0`): what the machine allows a three-thread pipeline then, and
+        // one of the shape Squall runs at this load (one thread splitting and counting).
         // Then, unless `SQUALL_BENCH_BOUNDED=0`, six more with `topology.max.spout.pending`
         // at 0.5 ms of the rate (or `SQUALL_BENCH_BOUNDED` microseconds of it), interleaved:
         // half the 1 ms goal, because after a stall the backlog drains at only ~1.1x the rate
@@ -555,11 +557,13 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
         let with_floor = env_or("SQUALL_BENCH_FLOOR", 1) != 0;
         let within = Duration::from_micros(env_or("SQUALL_BENCH_BOUNDED", 500));
         let bound = (!within.is_zero()).then(|| pending_for(rate, within));
-        let (mut runs, mut bounded, mut floors) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut runs, mut bounded, mut floors, mut one_floors) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..6 {
             runs.extend(latency_run(rate, 3, None));
             if with_floor {
-                floors.extend(floor_run(rate, 3));
+                floors.extend(floor_run(floor::Shape::Three, rate, 3));
+                one_floors.extend(floor_run(floor::Shape::One, rate, 3));
             }
             if bound.is_some() {
                 bounded.extend(latency_run(rate, 3, bound));
@@ -585,16 +589,30 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
                 latency_summary(&bounded)
             );
         }
-        for (i, r) in floors.iter().enumerate() {
-            println!("  floor run {i}: {}", latency_line(r));
-        }
-        if !floors.is_empty() {
-            println!(
-                "floor (bare three-thread pipeline, no Squall, same rate, after each run above, got {:.0}): latency {}",
-                median(floors.iter().map(Run::per_s).collect()),
-                latency_summary(&floors)
-            );
-        }
+        print_floor(
+            "floor",
+            "bare three-thread pipeline, no Squall, same rate, after each run above",
+            &floors,
+        );
+        print_floor(
+            "one-thread floor",
+            "generator and one thread that splits and counts, no Squall, same rate, after each floor run above",
+            &one_floors,
+        );
+    }
+}
+
+/// Each run of a floor (`name`), then their summary.
+fn print_floor(name: &str, what: &str, runs: &[Run]) {
+    for (i, r) in runs.iter().enumerate() {
+        println!("  {name} run {i}: {}", latency_line(r));
+    }
+    if !runs.is_empty() {
+        println!(
+            "{name} ({what}, got {:.0}): latency {}",
+            median(runs.iter().map(Run::per_s).collect()),
+            latency_summary(runs)
+        );
     }
 }
 

@@ -1,5 +1,6 @@
-//! The floor under the latency part: the word count's shape as three bare threads, at the same
-//! rate, on the same machine, in the same invocation.
+//! The floor under the latency part: the word count's shape as bare threads, at the same rate,
+//! on the same machine, in the same invocation ([`Shape`]: a generator with a split and a count
+//! thread, or with one thread doing both).
 //!
 //! A generator thread hands each sentence (its corpus index and the time it was sent) to a
 //! split thread, which hands its words (one message a sentence) to a count thread, which
@@ -106,12 +107,46 @@ impl Running {
     }
 }
 
+/// Which threads the floor's pipeline has besides its generator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// A split thread and a count thread: the word count's shape with every executor on its own
+    /// thread.
+    Three,
+    /// One thread that splits and counts each sentence: the shape Squall runs at partial load,
+    /// where the spout's thread runs the whole tree inline. Its thread works a fraction of
+    /// Squall's per sentence, so where it misses too, no pipeline of that shape kept the goal on
+    /// this host in those minutes.
+    One,
+}
+
 /// Starts the pipeline at `rate` sentences/s for `warm` + `secs`; it measures the sentences
 /// sent in the last `secs` (acked before the end). `None` if a thread could not start.
-pub fn start(rate: f64, warm: Duration, secs: Duration) -> Option<Running> {
+pub fn start(shape: Shape, rate: f64, warm: Duration, secs: Duration) -> Option<Running> {
     let corpus = reference_corpus();
     // The pipeline's threads wait until their sender is gone.
     let forever = Instant::now() + Duration::from_secs(24 * 3600);
+    if shape == Shape::One {
+        let (to_worker, worker_in) = hand::<(usize, Instant)>();
+        let (to_spout, acks) = hand::<Instant>();
+        let worker = std::thread::Builder::new()
+            .name("floor-worker".into())
+            .spawn(move || {
+                let mut counts: HashMap<&'static str, u64> = HashMap::new();
+                while let Some((i, sent)) = worker_in.recv_until(forever) {
+                    for w in corpus[i % corpus.len()].split(' ') {
+                        *counts.entry(w).or_default() += 1;
+                    }
+                    to_spout.send(sent);
+                }
+            })
+            .ok()?;
+        let generator = std::thread::Builder::new()
+            .name("floor-generator".into())
+            .spawn(move || generate(rate, warm, secs, to_worker, &acks, vec![worker]))
+            .ok()?;
+        return Some(Running { generator });
+    }
     let (to_split, split_in) = hand::<(usize, Instant)>();
     let (to_count, count_in) = hand::<(Vec<&'static str>, Instant)>();
     let (to_spout, acks) = hand::<Instant>();
@@ -138,7 +173,7 @@ pub fn start(rate: f64, warm: Duration, secs: Duration) -> Option<Running> {
         .ok()?;
     let generator = std::thread::Builder::new()
         .name("floor-generator".into())
-        .spawn(move || generate(rate, warm, secs, to_split, &acks, [split, count]))
+        .spawn(move || generate(rate, warm, secs, to_split, &acks, vec![split, count]))
         .ok()?;
     Some(Running { generator })
 }
@@ -150,7 +185,7 @@ fn generate(
     secs: Duration,
     to_split: Tx<(usize, Instant)>,
     acks: &Rx<Instant>,
-    workers: [std::thread::JoinHandle<()>; 2],
+    workers: Vec<std::thread::JoinHandle<()>>,
 ) -> Floor {
     let start = Instant::now();
     let (from, end) = (start + warm, start + warm + secs);
@@ -178,10 +213,11 @@ fn generate(
             record(t, Instant::now());
         }
     }
-    // The split thread ends when the generator's sender is gone, then count.
+    // The first worker ends when the generator's sender is gone, then the next.
     drop(to_split);
-    let [split, count] = workers;
-    let _ = (split.join(), count.join());
+    for worker in workers {
+        let _ = worker.join();
+    }
     latencies.sort_unstable();
     let at = |q: f64| {
         latencies.get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)))
