@@ -18,9 +18,9 @@
 //! the word count's shape as three bare threads handing each other one sentence at a time, then as
 //! a generator and one thread that splits and counts (the shape Squall runs at partial load, the
 //! spout's thread running the whole tree), so every invocation shows beside Squall's tail what
-//! this machine allowed such pipelines in the same minutes (`SQUALL_BENCH_FLOOR=0` skips both). `SQUALL_BENCH_TIMELINE=1` prints, for each latency
-//! run, what each backlog of sentences in flight began with (`wordcount/timeline.rs`). Not a timed
-//! test.
+//! this machine allowed such pipelines in the same minutes (`SQUALL_BENCH_FLOOR=0` skips both).
+//! `SQUALL_BENCH_TIMELINE=1` prints, for each latency run, what each backlog of sentences in flight
+//! began with (`wordcount/timeline.rs`). Not a timed test.
 //!
 //! Then the same with two worker processes (this binary re-executed as children, connected
 //! over loopback TCP): spout, split and acker in one, count in the other, so every word crosses

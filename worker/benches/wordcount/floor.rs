@@ -114,9 +114,9 @@ pub enum Shape {
     /// thread.
     Three,
     /// One thread that splits and counts each sentence: the shape Squall runs at partial load,
-    /// where the spout's thread runs the whole tree inline. Its thread works a fraction of
-    /// Squall's per sentence, so where it misses too, no pipeline of that shape kept the goal on
-    /// this host in those minutes.
+    /// where the spout's thread runs the whole tree inline. Its thread does less per sentence
+    /// than Squall's (no tuples, batches or acker), so where it misses too, the host's stalls
+    /// alone were enough to miss in those minutes.
     One,
 }
 
@@ -183,7 +183,7 @@ fn generate(
     rate: f64,
     warm: Duration,
     secs: Duration,
-    to_split: Tx<(usize, Instant)>,
+    to_first: Tx<(usize, Instant)>,
     acks: &Rx<Instant>,
     workers: Vec<std::thread::JoinHandle<()>>,
 ) -> Floor {
@@ -205,7 +205,7 @@ fn generate(
         let due = (now.duration_since(start).as_secs_f64() * rate) as u64;
         sent = sent.max(due.saturating_sub(burst));
         while sent < due {
-            to_split.send((sent as usize, Instant::now()));
+            to_first.send((sent as usize, Instant::now()));
             sent += 1;
         }
         let next = start + Duration::from_secs_f64((sent + 1) as f64 / rate);
@@ -214,7 +214,7 @@ fn generate(
         }
     }
     // The first worker ends when the generator's sender is gone, then the next.
-    drop(to_split);
+    drop(to_first);
     for worker in workers {
         let _ = worker.join();
     }
