@@ -457,15 +457,27 @@ impl Emitter {
     /// message carrying `a ^ b` is the same to it as `a` then `b`. The words of a sentence reach
     /// a counting bolt one after another and are acked one after another: their acks become one
     /// message (the acker's work per tree no longer grows with the words).
+    ///
+    /// The XOR is inlined into the bolt's ack; a new message is written out of line
+    /// ([`Self::push_ack`]). As one function, the hand-over it may end with made every ack save
+    /// and restore registers: ~16 instructions per word of a word count with acking (callgrind).
+    #[inline(always)]
     pub(crate) fn send_ack(&mut self, acker: TaskId, root: u64, val: u64) {
-        let Some((dest, buf, full)) = self.batch_of(acker) else { return };
-        if let Some(Envelope::Ack { task, msg: AckMsg::Ack { root: last, val: acc } }) = buf.last_mut()
+        if let Some((_, buf, _)) = self.batch_of(acker)
+            && let Some(Envelope::Ack { task, msg: AckMsg::Ack { root: last, val: acc } }) = buf.last_mut()
             && *task == acker
             && *last == root
         {
             *acc ^= val;
             return;
         }
+        self.push_ack(acker, root, val);
+    }
+
+    /// [`Self::send_ack`]'s new message: the batch's last envelope is not an `Ack` of this tree.
+    #[inline(never)]
+    fn push_ack(&mut self, acker: TaskId, root: u64, val: u64) {
+        let Some((dest, buf, full)) = self.batch_of(acker) else { return };
         push_in_place!(buf, Envelope::Ack { task: acker, msg: AckMsg::Ack { root, val } });
         if buf.len() >= full {
             self.flush_dest(dest);
