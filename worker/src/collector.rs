@@ -460,7 +460,7 @@ impl Emitter {
     ///
     /// The XOR is inlined into the bolt's ack; a new message is written out of line
     /// ([`Self::push_ack`]). As one function, the hand-over it may end with made every ack save
-    /// and restore registers: ~16 instructions per word of a word count with acking (callgrind).
+    /// and restore registers: 20 instructions per word of a word count with acking (callgrind).
     #[inline(always)]
     pub(crate) fn send_ack(&mut self, acker: TaskId, root: u64, val: u64) {
         if let Some((_, buf, _)) = self.batch_of(acker)
