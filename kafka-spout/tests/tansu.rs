@@ -194,18 +194,36 @@ fn logs() {
 /// `squall_spout_offsets_skipped_total` of `registries` by partition, where not 0: offsets a
 /// spout's fetch passed over (no compaction here, so a skip is a loss at the spout).
 fn skipped(registries: &[&prometheus::Registry]) -> BTreeMap<String, u64> {
-    let mut by_partition = BTreeMap::new();
+    by_partition(registries, "squall_spout_offsets_skipped_total")
+}
+
+/// The counter `family` of `registries` summed by its `partition` label (or `-` without one),
+/// where not 0.
+fn by_partition(registries: &[&prometheus::Registry], family: &str) -> BTreeMap<String, u64> {
+    let mut sums = BTreeMap::new();
     let families = registries.iter().flat_map(|r| r.gather());
-    for family in families.filter(|f| f.name() == "squall_spout_offsets_skipped_total") {
-        for metric in family.get_metric() {
+    for f in families.filter(|f| f.name() == family) {
+        for metric in f.get_metric() {
             let partition = metric.get_label().iter().find(|l| l.name() == "partition");
             let n = metric.get_counter().get_value() as u64;
-            if let (Some(partition), true) = (partition, n > 0) {
-                *by_partition.entry(partition.value().to_owned()).or_default() += n;
+            if n > 0 {
+                *sums.entry(partition.map_or("-".to_owned(), |l| l.value().to_owned())).or_default() += n;
             }
         }
     }
-    by_partition
+    sums
+}
+
+/// For a failure message: the spouts' and producer bolts' counters in `registry`, by partition.
+fn pipeline_counts(registry: &prometheus::Registry) -> String {
+    ["emitted", "acked", "failed", "replayed", "given_up", "offsets_skipped"]
+        .iter()
+        .map(|c| format!("{c} {:?}", by_partition(&[registry], &format!("squall_spout_{c}_total"))))
+        .chain(["written", "write_errors"].iter().map(|c| {
+            format!("bolt {c} {:?}", by_partition(&[registry], &format!("squall_kafka_bolt_{c}_total")))
+        }))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn numbers(records: &[(String, u64)]) -> BTreeSet<u64> {
@@ -293,7 +311,8 @@ fn ten_percent_failures_still_deliver_every_number() {
     let mut pipeline = Pipeline::new(&tansu.bootstrap(), &zk, "in2", "out2", "g");
     pipeline.fail_per_mille = 100;
     let registry = Zk::connect(&Ensemble::zookeeper(zk));
-    let cluster = pipeline.start("failing", &prometheus::Registry::new());
+    let metrics = prometheus::Registry::new();
+    let cluster = pipeline.start("failing", &metrics);
     // Committed offsets must never pass an offset whose number is not in the output yet.
     let mut samples: Vec<(i32, i64)> = Vec::new();
     let done = wait_until(WAIT, || {
@@ -306,7 +325,14 @@ fn ten_percent_failures_still_deliver_every_number() {
     });
     assert!(done, "committed offsets reach the end");
     let out = read_output(&tansu.bootstrap(), "out2", 4, 2000);
-    assert!(missing(&numbers(&out), 2000, 4).is_empty(), "missing {:?}", missing(&numbers(&out), 2000, 4));
+    // A CI run (2026-11-29) had all four offsets committed at 500 and 128 numbers of partitions
+    // 0 and 2 in neither read: the counters say where they went.
+    assert!(
+        missing(&numbers(&out), 2000, 4).is_empty(),
+        "missing {:?}; {}",
+        missing(&numbers(&out), 2000, 4),
+        pipeline_counts(&metrics)
+    );
     let failed = pipeline.failed.load(Ordering::Relaxed);
     assert!(failed > 50, "about 10% failed: {failed}");
     let written: BTreeSet<String> = out.iter().map(|(k, _)| k.clone()).collect();
