@@ -543,7 +543,7 @@ fn main() {
     // `SQUALL_BENCH_ONLY=count|words`: one of the two parts.
     let only = std::env::var("SQUALL_BENCH_ONLY").ok();
     let part = |name: &str| only.as_deref().is_none_or(|o| o == name);
-    let broker = tansu::Tansu::start();
+    let broker = tansu::Tansu::start_in_memory();
     if part("count") {
         count_part(&broker, n, runs);
     }

@@ -137,15 +137,10 @@ impl Pipeline {
 ///
 /// A reader that is short after `WAIT` reads the whole topic once more from the start with a
 /// fresh consumer, says what that read found, and the read that saw more numbers is returned
-/// (one whole read, so the duplicates counted from it are the topic's). Why: a CI run of
-/// `a_killed_worker_resumes_from_committed_offsets` (2026-11-28) missed scattered numbers of
-/// two input partitions for the reader's whole two minutes, a pattern of lost sight rather than
-/// lost writes, and tansu 0.6 answers a fetch at an offset inside a record batch with the next
-/// batch. The second read tells the two apart: a number missing from both is reported missing.
-/// A CI run of `partitions_move_from_two_spout_tasks_to_four_without_overlap` (2026-11-29)
-/// read without it and missed 12 numbers of one input partition: about what one output batch
-/// holds (a spout emits a partition's messages together, and the producer bolts spread them
-/// over the 8 output partitions by key).
+/// (one whole read, so the duplicates counted from it are the topic's): a number the first read
+/// missed and the second found is the reader's, one missing from both is not in the topic.
+/// Three CI runs (2026-11-28 and -29) lost numbers so on tansu's memory engine, which drops
+/// acknowledged writes (`support::tansu`); the tests run on its SQLite engine since.
 fn read_output(bootstrap: &str, topic: &str, partitions: i32, expect: usize) -> Vec<(String, u64)> {
     read_timed_output(bootstrap, topic, partitions, expect).into_iter().map(|(key, n, _)| (key, n)).collect()
 }
@@ -319,8 +314,7 @@ fn ten_percent_failures_still_deliver_every_number() {
     });
     assert!(done, "committed offsets reach the end");
     let out = read_output(&tansu.bootstrap(), "out2", 4, 2000);
-    // A CI run (2026-11-29) had all four offsets committed at 500 and 128 numbers of partitions
-    // 0 and 2 in neither read: the counters say where they went.
+    // Should a number go missing, the counters say where: the spouts' or the producer bolts'.
     assert!(
         missing(&numbers(&out), 2000, 4).is_empty(),
         "missing {:?}; {}",
@@ -794,52 +788,40 @@ fn a_zookeeper_restart_keeps_sessions_and_resumes_within_seconds() {
     assert!(resumed < Duration::from_secs(5), "emission resumed only {resumed:?} after the server answered");
 }
 
-/// The broker under the end-to-end tests keeps every acknowledged write of two producers
-/// writing the same partitions at once in multi-record batches (as two producer bolt tasks
-/// do), and a reader from the start sees all of them: a number missing at the end of a
-/// pipeline test is then the pipeline's, not the broker's.
+/// The broker under the end-to-end tests keeps every write it acknowledged when two producers
+/// start writing the same fresh partitions at once, in multi-record batches (as two producer
+/// bolt tasks do when a pipeline starts): a number missing at the end of a pipeline test is
+/// then the pipeline's, not the broker's. tansu's memory engine failed this workload in about
+/// one round of 250 (`support::tansu`); `SQUALL_BROKER_ROUNDS` (default 6) and
+/// `SQUALL_TANSU_ENGINE=memory` repeat that finding.
 #[test]
-fn the_broker_keeps_and_shows_every_write_of_two_batching_producers() {
-    use rdkafka::producer::{BaseProducer, BaseRecord};
+fn the_broker_keeps_every_write_of_two_producers_starting_at_once() {
     let tansu = Tansu::start();
-    tansu.create_topic("both", 8);
-    const EACH: u64 = 20_000;
-    let writers: Vec<_> = (0..2u64)
-        .map(|w| {
-            let bootstrap = tansu.bootstrap();
-            std::thread::spawn(move || {
-                let producer: BaseProducer = rdkafka::ClientConfig::new()
-                    .set("bootstrap.servers", &bootstrap)
-                    .set("linger.ms", "5")
-                    .create()
-                    .unwrap();
-                for n in (w..2 * EACH).step_by(2) {
-                    let (key, value) = (format!("{w}/{n}"), n.to_string());
-                    let mut record = BaseRecord::to("both").key(&key).payload(&value);
-                    while let Err((_, back)) = producer.send(record) {
-                        record = back;
-                        producer.poll(Duration::from_millis(5));
-                    }
-                    producer.poll(Duration::ZERO);
-                }
-                support::traffic::flush_all(&producer, &bootstrap);
+    let rounds: u32 = std::env::var("SQUALL_BROKER_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(6);
+    const EACH: u64 = 1000;
+    for round in 0..rounds {
+        let topic = format!("both{round}");
+        tansu.create_topic(&topic, 4);
+        let start = Arc::new(std::sync::Barrier::new(2));
+        let writers: Vec<_> = (0..2u64)
+            .map(|w| {
+                let (bootstrap, topic, start) = (tansu.bootstrap(), topic.clone(), start.clone());
+                std::thread::spawn(move || {
+                    support::traffic::produce_keyed_counted(&bootstrap, &topic, w, 2, EACH, &start)
+                })
             })
-        })
-        .collect();
-    let total = usize::try_from(2 * EACH).unwrap();
-    // The first read runs while they write (as a test's reader does), the second after.
-    let bootstrap = tansu.bootstrap();
-    let during =
-        std::thread::spawn(move || support::read_records(&bootstrap, "both", 8, total, WAIT / 4, 10));
-    for writer in writers {
-        writer.join().unwrap();
-    }
-    let reads =
-        [during.join().unwrap(), support::read_records(&tansu.bootstrap(), "both", 8, total, WAIT / 4, 10)];
-    for (read, out) in ["first", "second"].into_iter().zip(reads) {
+            .collect();
+        let delivered: u64 = writers.into_iter().map(|w| w.join().unwrap()).sum();
+        assert_eq!(delivered, 2 * EACH, "round {round}: every write acknowledged");
+        let out = support::read_records(&tansu.bootstrap(), &topic, 4, (2 * EACH) as usize, WAIT / 4, 10);
         let got = numbers(&out);
-        let absent: Vec<u64> = (0..2 * EACH).filter(|n| !got.contains(n)).take(20).collect();
-        assert!(absent.is_empty(), "the {read} read lacks {} numbers, first {absent:?}", total - got.len());
-        assert_eq!(out.len(), total, "the {read} read saw writes twice");
+        let absent: Vec<u64> = (0..2 * EACH).filter(|n| !got.contains(n)).collect();
+        assert!(
+            absent.is_empty(),
+            "round {round}: {} acknowledged numbers missing from a read from the start, first {:?}",
+            absent.len(),
+            &absent[..absent.len().min(20)]
+        );
+        assert_eq!(out.len(), got.len(), "round {round}: a write stored twice");
     }
 }

@@ -1,6 +1,17 @@
-//! A real Kafka-protocol broker for end-to-end tests: tansu 0.6 with its memory engine, on a
-//! free loopback port, killed on drop and (through `setpriv --pdeathsig KILL`) with the thread
-//! that started it, so it never outlives the test.
+//! A real Kafka-protocol broker for end-to-end tests: tansu 0.6 on a free loopback port, killed
+//! on drop and (through `setpriv --pdeathsig KILL`) with the thread that started it, so it
+//! never outlives the test.
+//!
+//! Tests get its SQLite engine ([`Tansu::start`]), in a directory of their own. Its memory
+//! engine ([`Tansu::start_in_memory`], what the peers' benchmarks run on) loses acknowledged
+//! writes: when two producers start writing fresh partitions at the same moment, the first
+//! batch of one of them is sometimes missing from every later read, although librdkafka reported
+//! it delivered, and the partition's log then starts after it (low watermark 33, offsets
+//! 33..499 present). `the_broker_keeps_every_write_of_two_producers_starting_at_once` failed so
+//! on the memory engine within 7 and 23 rounds (249 numbers missing); its produce assigns the
+//! offsets in one object-store write and stores the batch in another, with no transaction
+//! around the two, where the SQLite engine does both in one. Three pipeline tests lost numbers
+//! in CI on the memory engine, in the pattern of such a dropped batch.
 //!
 //! The binary: `$SQUALL_TANSU`, else `tansu` on `PATH` (CI: `cargo install tansu --version
 //! 0.6.0 --locked --features dynostore,libsql`, into `~/.cargo/bin`).
@@ -20,6 +31,8 @@ pub struct Tansu {
     binary: PathBuf,
     port: u16,
     log: tempfile::NamedTempFile,
+    /// The SQLite engine's database (none for the memory engine); removed on drop.
+    _data: Option<tempfile::TempDir>,
 }
 
 /// The tansu binary to run.
@@ -41,23 +54,44 @@ pub fn binary() -> PathBuf {
 use test_harness::free_port;
 
 impl Tansu {
-    /// Starts a broker and returns once it answers metadata requests.
+    /// Starts a broker on the SQLite engine (a database in a directory of its own; the memory
+    /// engine with `SQUALL_TANSU_ENGINE=memory`) and returns once it answers metadata requests.
     pub fn start() -> Tansu {
+        if std::env::var("SQUALL_TANSU_ENGINE").is_ok_and(|e| e == "memory") {
+            return Self::start_in_memory();
+        }
+        let data = tempfile::Builder::new().prefix("squall-tansu-").tempdir().unwrap();
+        Self::start_on(Some(data))
+    }
+
+    /// Starts a broker on the memory engine, which the peers' benchmarks run on (BENCHMARKS.md).
+    /// Not for tests that count writes: see the module's doc.
+    pub fn start_in_memory() -> Tansu {
+        Self::start_on(None)
+    }
+
+    fn start_on(data: Option<tempfile::TempDir>) -> Tansu {
         let binary = binary();
         let port = free_port();
         let url = format!("tcp://127.0.0.1:{port}");
         let log = tempfile::NamedTempFile::new().unwrap();
+        // A relative `sqlite://` path is the database file in the broker's working directory.
+        let (storage, dir) = match &data {
+            Some(dir) => ("sqlite://tansu.db", dir.path().to_path_buf()),
+            None => ("memory://tansu/", std::env::temp_dir()),
+        };
         let child = Command::new("setpriv")
             .args(["--pdeathsig", "KILL", "--"])
             .arg(&binary)
             .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
-            .args(["--storage-engine", "memory://tansu/"])
+            .args(["--storage-engine", storage])
+            .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(log.reopen().unwrap())
             .stderr(log.reopen().unwrap())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
-        let mut tansu = Tansu { child, binary, port, log };
+        let mut tansu = Tansu { child, binary, port, log, _data: data };
         tansu.wait_serving();
         tansu
     }

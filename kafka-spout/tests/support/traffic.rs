@@ -75,6 +75,50 @@ pub fn flush_all(producer: &BaseProducer, bootstrap: &str) {
     }
 }
 
+/// Producer `writer` of `writers` sends its share of `0..writers * each` (the numbers `n` with
+/// `n % writers == writer`) to `topic`, keyed "partition:offset" of a 4-partition input as the
+/// pipeline tests' output is (the partition is the key's hash), in librdkafka's default batches,
+/// starting when every writer is ready (`start`); returns how many writes the broker
+/// acknowledged, once every write is answered.
+pub fn produce_keyed_counted(
+    bootstrap: &str,
+    topic: &str,
+    writer: u64,
+    writers: u64,
+    each: u64,
+    start: &std::sync::Barrier,
+) -> u64 {
+    use rdkafka::producer::{DeliveryResult, ProducerContext, ThreadedProducer};
+    struct Count(AtomicU64);
+    impl rdkafka::ClientContext for Count {}
+    impl ProducerContext for Count {
+        type DeliveryOpaque = ();
+        fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+            if result.is_ok() {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    let producer: ThreadedProducer<Count> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create_with_context(Count(AtomicU64::new(0)))
+        .unwrap();
+    start.wait();
+    for n in (writer..writers * each).step_by(writers as usize) {
+        let (key, value) = (format!("{}:{}", n % 4, n / 4), n.to_string());
+        let mut record = BaseRecord::to(topic).key(&key).payload(&value);
+        while let Err((_, back)) = producer.send(record) {
+            record = back;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let started = Instant::now();
+    while producer.flush(Duration::from_secs(10)).is_err() {
+        assert!(started.elapsed() < Duration::from_secs(120), "writes to {bootstrap} still unanswered");
+    }
+    producer.context().0.load(Ordering::Relaxed)
+}
+
 /// Every number arriving in `topic` (all partitions, from the start) with when it arrived,
 /// appended to `seen` until `stop`.
 pub fn record_arrivals(
