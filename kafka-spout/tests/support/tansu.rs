@@ -2,7 +2,8 @@
 //! on drop and (through `setpriv --pdeathsig KILL`) with the thread that started it, so it
 //! never outlives the test.
 //!
-//! Tests get its SQLite engine ([`Tansu::start`]), in a directory of their own. Its memory
+//! Tests get its SQLite engine ([`Tansu::start`]), in a directory of their own (on tmpfs when
+//! there is one). Its memory
 //! engine ([`Tansu::start_in_memory`], what the peers' benchmarks run on) loses acknowledged
 //! writes: when two producers start writing fresh partitions at the same moment, the first
 //! batch of one of them is sometimes missing from every later read, although librdkafka reported
@@ -60,8 +61,17 @@ impl Tansu {
         if std::env::var("SQUALL_TANSU_ENGINE").is_ok_and(|e| e == "memory") {
             return Self::start_in_memory();
         }
-        let data = tempfile::Builder::new().prefix("squall-tansu-").tempdir().unwrap();
-        Self::start_on(Some(data))
+        // In memory (tmpfs) when the machine has it: SQLite's commits then wait for no disk.
+        // On the disk, a loaded CI machine's flushes held the pipeline tests up for seconds.
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("squall-tansu-");
+        let shm = std::path::Path::new("/dev/shm");
+        let data = if shm.is_dir() {
+            builder.tempdir_in(shm).or_else(|_| builder.tempdir())
+        } else {
+            builder.tempdir()
+        };
+        Self::start_on(Some(data.unwrap()))
     }
 
     /// Starts a broker on the memory engine, which the peers' benchmarks run on (BENCHMARKS.md).
