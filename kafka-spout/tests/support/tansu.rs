@@ -3,12 +3,11 @@
 //! never outlives the test.
 //!
 //! Tests get its SQLite engine ([`Tansu::start`]), in a directory of their own (on tmpfs when
-//! there is one). Its memory
-//! engine ([`Tansu::start_in_memory`], what the peers' benchmarks run on) loses acknowledged
-//! writes: when two producers start writing fresh partitions at the same moment, the first
-//! batch of one of them is sometimes missing from every later read, although librdkafka reported
-//! it delivered, and the partition's log then starts after it (low watermark 33, offsets
-//! 33..499 present). `the_broker_keeps_every_write_of_two_producers_starting_at_once` failed so
+//! there is one). Its memory engine ([`Tansu::start_in_memory`], what the peers' benchmarks run
+//! on) loses acknowledged writes: when two producers start writing fresh partitions at the same
+//! moment, the first batch of one of them is sometimes missing from every later read, although
+//! librdkafka reported it delivered, and the partition's log then starts after it (low
+//! watermark 33, offsets 33..499 present). `the_broker_keeps_every_write_of_two_producers_starting_at_once` failed so
 //! on the memory engine within 7 and 23 rounds (249 numbers missing); its produce assigns the
 //! offsets in one object-store write and stores the batch in another, with no transaction
 //! around the two, where the SQLite engine does both in one. Three pipeline tests lost numbers
@@ -65,13 +64,8 @@ impl Tansu {
         // On the disk, a loaded CI machine's flushes held the pipeline tests up for seconds.
         let mut builder = tempfile::Builder::new();
         builder.prefix("squall-tansu-");
-        let shm = std::path::Path::new("/dev/shm");
-        let data = if shm.is_dir() {
-            builder.tempdir_in(shm).or_else(|_| builder.tempdir())
-        } else {
-            builder.tempdir()
-        };
-        Self::start_on(Some(data.unwrap()))
+        let data = builder.tempdir_in("/dev/shm").or_else(|_| builder.tempdir()).unwrap();
+        Self::start_on(Some(data))
     }
 
     /// Starts a broker on the memory engine, which the peers' benchmarks run on (BENCHMARKS.md).
@@ -85,17 +79,15 @@ impl Tansu {
         let port = free_port();
         let url = format!("tcp://127.0.0.1:{port}");
         let log = tempfile::NamedTempFile::new().unwrap();
-        // A relative `sqlite://` path is the database file in the broker's working directory.
-        let (storage, dir) = match &data {
-            Some(dir) => ("sqlite://tansu.db", dir.path().to_path_buf()),
-            None => ("memory://tansu/", std::env::temp_dir()),
+        let mut command = Command::new("setpriv");
+        command.args(["--pdeathsig", "KILL", "--"]).arg(&binary);
+        command.args(["broker", "--listener-url", &url, "--advertised-listener-url", &url]);
+        match &data {
+            // A relative `sqlite://` path is the database file in the broker's working directory.
+            Some(dir) => command.args(["--storage-engine", "sqlite://tansu.db"]).current_dir(dir.path()),
+            None => command.args(["--storage-engine", "memory://tansu/"]),
         };
-        let child = Command::new("setpriv")
-            .args(["--pdeathsig", "KILL", "--"])
-            .arg(&binary)
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
-            .args(["--storage-engine", storage])
-            .current_dir(dir)
+        let child = command
             .stdin(Stdio::null())
             .stdout(log.reopen().unwrap())
             .stderr(log.reopen().unwrap())

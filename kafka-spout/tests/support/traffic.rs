@@ -63,7 +63,10 @@ pub fn produce_paced(
 /// Waits until every record handed to `producer` is acknowledged by the broker, for up to two
 /// minutes: a loaded machine (a CI run beside compilers) can hold one flush past 30 s although
 /// nothing is lost. Panics naming how many records are still unacknowledged.
-pub fn flush_all(producer: &BaseProducer, bootstrap: &str) {
+pub fn flush_all<C: rdkafka::producer::ProducerContext + 'static>(
+    producer: &impl rdkafka::producer::Producer<C>,
+    bootstrap: &str,
+) {
     let started = Instant::now();
     while producer.flush(Duration::from_secs(10)).is_err() {
         assert!(
@@ -112,10 +115,7 @@ pub fn produce_keyed_counted(
             std::thread::sleep(Duration::from_millis(1));
         }
     }
-    let started = Instant::now();
-    while producer.flush(Duration::from_secs(10)).is_err() {
-        assert!(started.elapsed() < Duration::from_secs(120), "writes to {bootstrap} still unanswered");
-    }
+    flush_all(&producer, bootstrap);
     producer.context().0.load(Ordering::Relaxed)
 }
 
