@@ -75,8 +75,8 @@ pub struct TopologyConfig {
     /// executor, not the upstream one. Squall: true (word count at 450k sentences/s, two
     /// cores: p99 complete latency <= 1 ms in 16 of 24 runs against 10 of 24 with it off, and
     /// more sentences per CPU-second in 4 of 4 pairs; at full load and on Kafka -> word count
-    /// no loss beyond the host's noise; spouts and chains since 2026-11-28: see README,
-    /// Benchmarks).
+    /// no loss beyond the host's noise; spouts and chains since 2026-11-28: see
+    /// `docs/performance-log.md`).
     #[serde(rename = "squall.executor.inline.downstream")]
     pub inline_downstream: bool,
     /// `topology.sleep.spout.wait.strategy.time.ms`: how long a spout that emitted nothing (or
