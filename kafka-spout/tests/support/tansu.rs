@@ -7,11 +7,13 @@
 //! on) loses acknowledged writes: when two producers start writing fresh partitions at the same
 //! moment, the first batch of one of them is sometimes missing from every later read, although
 //! librdkafka reported it delivered, and the partition's log then starts after it (low
-//! watermark 33, offsets 33..499 present). `the_broker_keeps_every_write_of_two_producers_starting_at_once` failed so
-//! on the memory engine within 7 and 23 rounds (249 numbers missing); its produce assigns the
-//! offsets in one object-store write and stores the batch in another, with no transaction
-//! around the two, where the SQLite engine does both in one. Three pipeline tests lost numbers
-//! in CI on the memory engine, in the pattern of such a dropped batch.
+//! watermark 33, offsets 33..499 present).
+//! `the_broker_keeps_every_write_of_two_producers_starting_at_once` failed so on the memory
+//! engine within 7 and 23 rounds (249 numbers missing); its produce assigns the offsets in one
+//! object-store write and stores the batch in another, with no transaction around the two,
+//! where the SQLite engine does both in one. Three pipeline tests lost numbers in CI on the
+//! memory engine, in the pattern of such a dropped batch (a draft upstream report:
+//! `docs/upstream/tansu-memory-engine-loss.md`).
 //!
 //! The binary: `$SQUALL_TANSU`, else `tansu` on `PATH` (CI: `cargo install tansu --version
 //! 0.6.0 --locked --features dynostore,libsql`, into `~/.cargo/bin`).
