@@ -132,6 +132,64 @@ fn copy_out(buf: &mut Batch) -> Batch {
     out
 }
 
+/// The inbox of the spout executor whose thread this is, taken without its queue.
+///
+/// A spout executor's thread runs its bolts inline at partial load (`BoltCell::try_run`), and
+/// their acks go to the worker's acker, which runs on that same thread (fused: its tasks share
+/// the spout's inbox). Sent through the queue, each batch of acks paid the channel's send and
+/// receive and the bell's fence on the one thread that does all of a sentence's work. Here the
+/// thread says which queue it receives from ([`claim`]); a batch an emitter on this thread
+/// hands over to that queue is moved into the thread's own batch instead ([`take_from`]), and
+/// the spout's loop takes it from there ([`swap`]) before it looks at its queue and before
+/// it waits. Envelopes for any other queue, or sent from any other thread, go through the
+/// queue as before.
+pub(crate) mod own_inbox {
+    use std::cell::{Cell, RefCell};
+
+    use super::Batch;
+
+    thread_local! {
+        /// [`crate::queue::QueueReceiver::key`] of the queue this thread receives from; 0:
+        /// none.
+        static KEY: Cell<usize> = const { Cell::new(0) };
+        /// What emitters on this thread handed over to that queue, in order.
+        static HELD: RefCell<Batch> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// This thread receives from the queue `key` from now on, until [`release`].
+    pub(crate) fn claim(key: usize) {
+        KEY.set(key);
+    }
+
+    /// This thread no longer receives from its queue; what it held is dropped (its loop has
+    /// ended, as a queue's contents are dropped with the queue).
+    pub(crate) fn release() {
+        KEY.set(0);
+        HELD.with_borrow_mut(Vec::clear);
+    }
+
+    /// Moves `buf`'s envelopes into this thread's own batch when `key` is the queue this
+    /// thread receives from (true); false, `buf` untouched, otherwise.
+    #[inline]
+    pub(crate) fn take_from(key: usize, buf: &mut Batch) -> bool {
+        if KEY.get() != key {
+            return false;
+        }
+        HELD.with_borrow_mut(|held| held.append(buf));
+        true
+    }
+
+    /// Whether nothing is held.
+    pub(crate) fn is_empty() -> bool {
+        HELD.with_borrow(Vec::is_empty)
+    }
+
+    /// Swaps what is held with `into` (empty: its memory serves the next envelopes).
+    pub(crate) fn swap(into: &mut Batch) {
+        HELD.with_borrow_mut(|held| std::mem::swap(held, into));
+    }
+}
+
 /// Where each task's envelopes go, from one worker.
 #[derive(Debug, Default)]
 pub(crate) struct Routes {
@@ -488,6 +546,13 @@ impl Emitter {
         if self.bufs[dest].is_empty() {
             return;
         }
+        if let Some(pace) = self.paces.get_mut(dest) {
+            pace.sent = pace.sent.wrapping_add(1);
+        }
+        // Acks for the fused acker of the spout executor whose thread runs this bolt inline.
+        if own_inbox::take_from(self.routes.dests[dest].key(), &mut self.bufs[dest]) {
+            return;
+        }
         // In place, the next batch starts with the capacity this one needed: a busy
         // destination keeps full-size batches, one that gets a few tuples at a time keeps small
         // buffers (batches are large, and an executor has one per destination). Copied out, the
@@ -498,9 +563,6 @@ impl Emitter {
             let cap = self.bufs[dest].len();
             std::mem::replace(&mut self.bufs[dest], Vec::with_capacity(cap))
         };
-        if let Some(pace) = self.paces.get_mut(dest) {
-            pace.sent = pace.sent.wrapping_add(1);
-        }
         // A closed queue means its executor or connection is gone (shutdown or reconnect):
         // drop the batch, acking replays what mattered.
         match self.routes.dests[dest].try_send(batch) {
@@ -1158,6 +1220,49 @@ mod tests {
         em.send(ack(5, 51));
         em.flush();
         assert_eq!(lens(&rx_a), [2]);
+    }
+
+    /// A batch for the queue this thread receives from stays on the thread, in order; one for
+    /// another queue, or sent from another thread, goes through its queue.
+    #[test]
+    fn own_inbox_takes_only_this_threads_own_queue() {
+        let ack = |root| Envelope::Ack { task: TaskId(1), msg: AckMsg::Ack { root, val: 1 } };
+        let roots = |b: &Batch| {
+            b.iter()
+                .map(|e| match e {
+                    Envelope::Ack { msg: AckMsg::Ack { root, .. }, .. } => *root,
+                    _ => 0,
+                })
+                .collect::<Vec<u64>>()
+        };
+        let (own_tx, own_rx) = crate::queue::unbounded::<Batch>();
+        let (other_tx, _other_rx) = crate::queue::unbounded::<Batch>();
+        assert_eq!(own_tx.key(), own_rx.key());
+        assert_ne!(own_tx.key(), other_tx.key());
+        let mut buf: Batch = vec![ack(1), ack(2)];
+        assert!(!own_inbox::take_from(own_tx.key(), &mut buf), "nothing claimed yet");
+        own_inbox::claim(own_rx.key());
+        assert!(!own_inbox::take_from(other_tx.key(), &mut buf));
+        assert_eq!(buf.len(), 2, "left for its queue");
+        assert!(own_inbox::take_from(own_tx.key(), &mut buf));
+        assert!(buf.is_empty() && !own_inbox::is_empty());
+        buf.push(ack(3));
+        assert!(own_inbox::take_from(own_tx.key(), &mut buf));
+        // Another thread has its own (none): it sends through the queue.
+        let key = own_tx.key();
+        assert!(
+            !std::thread::spawn(move || own_inbox::take_from(key, &mut vec![ack(4)])).join().unwrap_or(true)
+        );
+        let mut got = Batch::new();
+        own_inbox::swap(&mut got);
+        assert_eq!(roots(&got), [1, 2, 3]);
+        assert!(own_inbox::is_empty());
+        buf.push(ack(5));
+        assert!(own_inbox::take_from(own_tx.key(), &mut buf));
+        own_inbox::release();
+        assert!(own_inbox::is_empty(), "released with the loop");
+        buf.push(ack(6));
+        assert!(!own_inbox::take_from(own_tx.key(), &mut buf));
     }
 
     /// `copy_out` moves every envelope, in order and whole (texts inline and shared, anchors,

@@ -21,7 +21,7 @@ use crate::acker::{AckLedger, AckMsg};
 use crate::bolt_cell::{BoltCell, BoltCore, Poisoned};
 use crate::collector::{
     Batch, BoltCollector, Emitter, Envelope, ErrorSender, OutStream, Pass, SharedRoutes, SpoutCollector,
-    SpoutPending, Subscriber,
+    SpoutPending, Subscriber, own_inbox,
 };
 use crate::component::{Bolt, Spout, TopologyContext};
 use crate::error::{Error, Result};
@@ -354,14 +354,31 @@ fn run_spout(
     let mut sweep: Option<MovedSweep> = None;
     // Tasks moved (news from the worker's control loop), not yet acted on.
     let mut moved = false;
+    // Acks the bolts this thread runs inline sent to the acker fused here (`own_inbox`).
+    let mut own = Batch::new();
+    own_inbox::claim(inbox.key());
 
     loop {
         if shared.cancel.is_cancelled() {
             break;
         }
-        while let Ok(b) = inbox.try_recv() {
+        own_inbox::swap(&mut own);
+        if !own.is_empty() {
             let verdicts = (&mut acked, &mut failed);
-            on_done(&mut spouts, &mut pending, b, &mut lat, &mut hist, verdicts, &mut moved, &mut fused);
+            on_done(
+                &mut spouts,
+                &mut pending,
+                &mut own,
+                &mut lat,
+                &mut hist,
+                verdicts,
+                &mut moved,
+                &mut fused,
+            );
+        }
+        while let Ok(mut b) = inbox.try_recv() {
+            let verdicts = (&mut acked, &mut failed);
+            on_done(&mut spouts, &mut pending, &mut b, &mut lat, &mut hist, verdicts, &mut moved, &mut fused);
         }
         if std::mem::take(&mut moved) {
             // The routes were replaced before the news was sent: take them now, so that
@@ -458,7 +475,7 @@ fn run_spout(
         // flush interval goes at `flush_at` at the latest: the wait below ends by then.
         // With no verdicts waiting, a partial batch for an idle local bolt executor runs here
         // (`BoltCell::try_run`): at partial load the spout's thread splits its own sentences.
-        em.inline_ok = inline && inbox.is_empty();
+        em.inline_ok = inline && inbox.is_empty() && own_inbox::is_empty();
         let flush_at = em.flush_paced();
         em.inline_ok = false;
         if let Some(acker) = fused.as_mut() {
@@ -487,11 +504,16 @@ fn run_spout(
             if let Some(at) = flush_at {
                 timeout = timeout.min(at.saturating_duration_since(Instant::now()));
             }
+            // Acks the inline bolts just sent here are taken at once, as they would be from
+            // the queue.
+            if !own_inbox::is_empty() {
+                continue;
+            }
             match inbox.recv_timeout(timeout) {
-                Ok(b) => on_done(
+                Ok(mut b) => on_done(
                     &mut spouts,
                     &mut pending,
-                    b,
+                    &mut b,
                     &mut lat,
                     &mut hist,
                     (&mut acked, &mut failed),
@@ -515,6 +537,7 @@ fn run_spout(
     if let Some(acker) = fused.as_mut() {
         acker.flush();
     }
+    own_inbox::release();
 }
 
 /// How long a spout executor that emitted nothing waits (`squall.spout.wait.short.us`): the
@@ -660,7 +683,7 @@ const MOVED_TASKS_GRACE: Duration = Duration::from_secs(1);
 fn on_done(
     spouts: &mut [Box<dyn Spout>],
     pending: &mut SpoutPending,
-    b: Batch,
+    b: &mut Batch,
     lat: &mut LatencyAcc,
     hist: &mut Option<Histogram<u64>>,
     (acked, failed): (&mut u64, &mut u64),
@@ -669,7 +692,7 @@ fn on_done(
 ) {
     // One clock read for the batch: its verdicts arrived together.
     let mut now: Option<Instant> = None;
-    for env in b {
+    for env in b.drain(..) {
         let Envelope::Ack { msg, .. } = env else { continue };
         let (root, ok) = match msg {
             AckMsg::TasksMoved => {

@@ -108,6 +108,13 @@ impl<T> QueueSender<T> {
         self.tx.same_channel(&other.tx)
     }
 
+    /// What tells this queue from others in the process, the same on both of its sides
+    /// ([`QueueReceiver::key`]) and never 0.
+    #[inline]
+    pub(crate) fn key(&self) -> usize {
+        Arc::as_ptr(&self.bell) as usize
+    }
+
     pub(crate) fn capacity(&self) -> Option<usize> {
         self.tx.capacity()
     }
@@ -121,6 +128,11 @@ pub(crate) struct QueueReceiver<T> {
 }
 
 impl<T> QueueReceiver<T> {
+    /// [`QueueSender::key`] of this queue's senders.
+    pub(crate) fn key(&self) -> usize {
+        Arc::as_ptr(&self.bell) as usize
+    }
+
     pub(crate) fn try_recv(&self) -> Result<T, TryRecvError> {
         self.rx.try_recv()
     }
