@@ -744,8 +744,12 @@ fn a_zookeeper_restart_keeps_sessions_and_resumes_within_seconds() {
     tansu.create_topic("out10", 4);
     let next = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The arrivals are recorded until the first number produced after the restart is among
+    // them (below), not only while numbers are produced: behind the outage's backlog it may
+    // arrive after production stopped.
+    let stop_recording = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let arrivals = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let reading = record_arrivals(tansu.bootstrap(), "out10", 4, stop.clone(), arrivals.clone());
+    let reading = record_arrivals(tansu.bootstrap(), "out10", 4, stop_recording.clone(), arrivals.clone());
     let producing = produce_paced(tansu.bootstrap(), "in10", 4, RATE, next.clone(), stop.clone());
     let pipeline = Pipeline::new(&tansu.bootstrap(), &zk, "in10", "out10", "g");
     let cluster = pipeline.start("zkrestart", &prometheus::Registry::new());
@@ -766,6 +770,13 @@ fn a_zookeeper_restart_keeps_sessions_and_resumes_within_seconds() {
     producing.join().unwrap();
     let total = next.load(Ordering::SeqCst);
     let out = read_output(&tansu.bootstrap(), "out10", 4, usize::try_from(total).unwrap());
+    let recorded_after_restart =
+        || arrivals.lock().unwrap().iter().any(|(n, _)| *n >= produced_when_answering);
+    assert!(
+        wait_until(WAIT, recorded_after_restart),
+        "a number produced after the restart was recorded arriving"
+    );
+    stop_recording.store(true, Ordering::Relaxed);
     reading.join().unwrap();
     let arrivals = arrivals.lock().unwrap();
     cluster.shutdown(Duration::from_secs(5));
