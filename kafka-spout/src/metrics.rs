@@ -100,7 +100,7 @@ impl SpoutMetrics {
             out_of_range: counter(
                 registry,
                 "squall_spout_offset_out_of_range_total",
-                "Offsets out of the broker's range, reset by auto.offset.reset",
+                "Offsets out of the broker's range, reset by auto.offset.reset (an answer at an offset the broker had just served up to is first fetched again, 3 times at most)",
                 TP,
             )?,
             given_back: counter(

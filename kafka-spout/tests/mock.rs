@@ -409,6 +409,33 @@ fn an_out_of_range_committed_offset_is_reset_and_counted() {
     cluster.shutdown(Duration::from_secs(5));
 }
 
+/// A broker that answers "offset out of range" at an offset it has just served (tansu does,
+/// now and then, under a concurrent producer) is asked again from that offset: the spout does
+/// not replay the partition from where auto.offset.reset puts librdkafka.
+#[test]
+fn an_out_of_range_answer_at_an_offset_just_served_is_fetched_again_not_replayed() {
+    let kafka = MockKafka::start(&[("spurious", 1)]);
+    produce(&kafka.bootstrap(), "spurious", 1, 0..50);
+    let rig = Rig::new();
+    let record = Arc::new(Record::default());
+    let cluster = rig.start(
+        "t13",
+        spout_config(&kafka.bootstrap(), "spurious", "g13"),
+        1,
+        &record,
+        ack_all,
+        TopologyConfig::default(),
+    );
+    assert!(wait_until(WAIT, || record.numbers() == (0..50).collect()));
+    // librdkafka resets the position to the log's start (auto.offset.reset: smallest).
+    kafka.answer_next_fetch_out_of_range();
+    produce(&kafka.bootstrap(), "spurious", 1, 50..100);
+    assert!(wait_until(WAIT, || record.numbers() == (0..100).collect()), "got {:?}", record.numbers());
+    assert!(record.duplicates().is_empty(), "replayed: {:?}", record.duplicates());
+    assert_eq!(metric(&rig.metrics, "squall_spout_offset_out_of_range_total", &[("partition", "0")]), 0.0);
+    cluster.shutdown(Duration::from_secs(5));
+}
+
 /// An owned partition whose start fails (here: its committed offset is not a number, and
 /// `reset.on.corrupt.offset` is off) is tried again while it is owned, and starts once an
 /// operator repairs the offset, without a rebalance. It used to stay idle until the next

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use worker::{ComponentError, SpoutCollector, Values};
 
 use super::fetch::{Batch, Fetcher};
-use super::partitions::{Stored, TaskState, lock};
+use super::partitions::{REFETCHES, Stored, TaskState, lock};
 use crate::offsets::{MsgId, PartitionOffsets};
 
 /// The executor thread's emitting side: fetches from librdkafka a batch at a time and emits,
@@ -207,6 +207,13 @@ fn emit_batch(
             } else if offset < part.offsets.next() {
                 // The spout never seeks back: the broker found the fetch offset out of range
                 // and librdkafka reset it by auto.offset.reset to an earlier one.
+                let next = part.offsets.next();
+                if let Some(attempt) = part.refetch_instead_of_reset() {
+                    tracing::warn!(%topic, partition, at = next, reset_to = offset, attempt, of = REFETCHES, "offset out of range at an offset the broker has just served up to; fetching from it again instead of resetting");
+                    state.resets_pending = resets_pending.saturating_sub(1);
+                    state.rewinds_pending = true;
+                    continue;
+                }
                 part.out_of_range.inc();
                 tracing::warn!(%topic, partition, from = part.offsets.next(), to = offset, "offset out of range; reset back by auto.offset.reset");
                 state.resets_pending = resets_pending.saturating_sub(1);

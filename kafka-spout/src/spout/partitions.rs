@@ -33,6 +33,9 @@ pub(super) struct PartState {
     /// during the call: librdkafka's fetch position must go back to this offset (a seek)
     /// before anything more is emitted from it, or those messages would be skipped.
     pub(super) rewind_to: Option<i64>,
+    /// The offset an out-of-range answer came at, and how many times in a row it was fetched
+    /// again instead of taking librdkafka's reset ([`PartState::refetch_instead_of_reset`]).
+    pub(super) refetched: Option<(i64, u8)>,
     pub(super) offsets: PartitionOffsets<Stored>,
     pub(super) topic_value: Value,
     pub(super) partition_value: Value,
@@ -50,7 +53,36 @@ pub(super) struct PartState {
     pub(super) skipped: IntCounter,
 }
 
+/// How many times in a row an out-of-range answer at one offset that the broker has just served
+/// is fetched again before librdkafka's `auto.offset.reset` position is taken.
+pub(super) const REFETCHES: u8 = 3;
+
 impl PartState {
+    /// librdkafka moved the fetch position back, before `next`, after the broker answered a
+    /// fetch at `next` "offset out of range". If this incarnation reached `next` by fetching,
+    /// the broker served `next - 1` moments ago, so the answer is more likely its error than a
+    /// truncated log (tansu gives it now and then under a concurrent producer; a Kafka leader
+    /// whose high watermark lags can too). Then the partition is marked to seek back to `next`
+    /// (`rewind_to`) and the attempt is returned, up to [`REFETCHES`] in a row at one offset.
+    /// `None`: take the reset (nothing was fetched yet, or the broker kept answering so).
+    pub(super) fn refetch_instead_of_reset(&mut self) -> Option<u8> {
+        let next = self.offsets.next();
+        if next <= self.base {
+            return None;
+        }
+        let attempt = match self.refetched {
+            Some((at, n)) if at == next => n.saturating_add(1),
+            _ => 1,
+        };
+        if attempt > REFETCHES {
+            self.refetched = None;
+            return None;
+        }
+        self.refetched = Some((next, attempt));
+        self.rewind_to = Some(self.rewind_to.map_or(next, |o| o.min(next)));
+        Some(attempt)
+    }
+
     /// Adds what was emitted since the last report to the `emitted` counter.
     pub(super) fn report_emitted(&mut self) {
         if self.emitted_unreported > 0 {
@@ -186,6 +218,7 @@ impl TaskState {
             started: start.is_some(),
             emitting: true,
             rewind_to: None,
+            refetched: None,
             offsets: PartitionOffsets::new(start.unwrap_or(0)),
             topic_value: Value::from(tp.topic.as_str()),
             partition_value: Value::Int(i64::from(tp.partition.get())),
@@ -343,6 +376,36 @@ mod tests {
         assert!(std::mem::size_of::<Stored>() <= 48, "Stored is {} bytes", std::mem::size_of::<Stored>());
         let entry = crate::offsets::entry_size::<Stored>();
         assert!(entry <= 64, "an offsets entry is {entry} bytes");
+    }
+
+    #[test]
+    fn an_out_of_range_answer_past_what_was_fetched_is_fetched_again_three_times_in_a_row() {
+        let metrics = SpoutMetrics::register(&prometheus::Registry::new()).unwrap();
+        let mut state = TaskState::default();
+        let p0 = tp("t", 0);
+        state.insert(p0.clone(), SessionId(1), Some(100), &metrics, "spout");
+        let part = state.get_mut(&p0).unwrap();
+        // Nothing fetched yet (a committed offset past the log's end): the reset is taken.
+        assert_eq!(part.refetch_instead_of_reset(), None);
+        assert_eq!(part.rewind_to, None);
+        for o in 100..105 {
+            part.offsets.emit(o, Stored::new(None, None, None)).unwrap();
+        }
+        // The broker served up to 104: fetched again from 105, three times in a row.
+        assert_eq!(part.refetch_instead_of_reset(), Some(1));
+        assert_eq!(part.rewind_to, Some(105));
+        part.rewind_to = None; // the seek happened
+        assert_eq!(part.refetch_instead_of_reset(), Some(2));
+        part.rewind_to = None;
+        assert_eq!(part.refetch_instead_of_reset(), Some(3));
+        part.rewind_to = None;
+        assert_eq!(part.refetch_instead_of_reset(), None, "the fourth answer in a row is believed");
+        assert_eq!(part.rewind_to, None);
+        // Progress past it starts a new count; a pending rewind to earlier stays the earlier.
+        part.offsets.emit(105, Stored::new(None, None, None)).unwrap();
+        part.rewind_to = Some(102);
+        assert_eq!(part.refetch_instead_of_reset(), Some(1));
+        assert_eq!(part.rewind_to, Some(102));
     }
 
     #[test]

@@ -50,6 +50,14 @@ impl MockKafka {
     pub fn accept_offset_commits(&self) {
         self.cluster.clear_request_errors(rdkafka::types::RDKafkaApiKey::OffsetCommit);
     }
+
+    /// The next fetch is answered "offset out of range" for every partition in it, as tansu
+    /// answers now and then, under a concurrent producer, at an offset it has just served.
+    pub fn answer_next_fetch_out_of_range(&self) {
+        use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+        self.cluster
+            .request_errors(RDKafkaApiKey::Fetch, &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OFFSET_OUT_OF_RANGE]);
+    }
 }
 
 /// Produces numbers `range` to `topic`: key and value are the decimal number, partition
