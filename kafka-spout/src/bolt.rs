@@ -4,8 +4,9 @@
 //! so the spout replays it.
 //!
 //! librdkafka reports deliveries on its own polling thread; they reach the executor thread
-//! through a channel and are applied at the next `execute` (a tuple or a tick tuple: the bolt
-//! asks for one every second, so the last writes of a burst are acked without new input).
+//! through a channel, and each report wakes the executor ([`Bolt::waker`]), which applies
+//! them in [`Bolt::poll`] at once: the last writes of a burst are acked as soon as the broker
+//! answered, not at the next input. (They waited for a tick tuple, up to a second, before.)
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,9 +27,11 @@ use crate::metrics::BoltMetrics;
 /// How long `cleanup` waits for writes still in flight.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Sends delivery reports (write number, outcome) to the executor thread.
+/// Sends delivery reports (write number, outcome) to the executor thread, and wakes it.
 struct DeliveryContext {
     reports: std::sync::Mutex<Sender<(usize, Result<(), KafkaError>)>>,
+    /// Bounded to one: wake-ups while the executor has not woken yet coalesce.
+    wake: crossbeam_channel::Sender<()>,
 }
 
 impl ClientContext for DeliveryContext {}
@@ -40,6 +43,8 @@ impl ProducerContext for DeliveryContext {
         let outcome = result.as_ref().map(|_| ()).map_err(|(e, _)| e.clone());
         // The bolt is gone (shutdown): nobody is left to ack.
         let _ = self.reports.lock().unwrap_or_else(std::sync::PoisonError::into_inner).send((write, outcome));
+        // Full: a wake-up is already pending, and it applies this report too.
+        let _ = self.wake.try_send(());
     }
 }
 
@@ -48,6 +53,8 @@ pub struct KafkaBolt {
     config: Arc<KafkaBoltConfig>,
     metrics: BoltMetrics,
     running: Option<Running>,
+    wake_tx: crossbeam_channel::Sender<()>,
+    wake_rx: crossbeam_channel::Receiver<()>,
 }
 
 impl std::fmt::Debug for KafkaBolt {
@@ -68,7 +75,8 @@ struct Running {
 impl KafkaBolt {
     /// A bolt task with this (validated) configuration.
     pub fn new(config: Arc<KafkaBoltConfig>, metrics: BoltMetrics) -> Self {
-        KafkaBolt { config, metrics, running: None }
+        let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
+        KafkaBolt { config, metrics, running: None, wake_tx, wake_rx }
     }
 }
 
@@ -107,7 +115,7 @@ impl Running {
 impl Bolt for KafkaBolt {
     fn prepare(&mut self, context: &TopologyContext) -> Result<(), ComponentError> {
         let (tx, reports) = channel();
-        let context_ = DeliveryContext { reports: std::sync::Mutex::new(tx) };
+        let context_ = DeliveryContext { reports: std::sync::Mutex::new(tx), wake: self.wake_tx.clone() };
         let producer = self
             .config
             .producer_config()
@@ -173,8 +181,16 @@ impl Bolt for KafkaBolt {
         Ok(())
     }
 
-    fn tick_tuple_freq_secs(&self) -> Option<u64> {
-        Some(1)
+    /// Applies the delivery reports that woke the executor (or that arrived since its last
+    /// pass: it polls at least every 50 ms).
+    fn poll(&mut self, out: &mut BoltCollector<'_>) {
+        if let Some(r) = &mut self.running {
+            r.apply_reports(out, None);
+        }
+    }
+
+    fn waker(&self) -> Option<crossbeam_channel::Receiver<()>> {
+        Some(self.wake_rx.clone())
     }
 
     fn cleanup(&mut self) {

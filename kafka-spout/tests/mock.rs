@@ -471,11 +471,14 @@ fn a_partition_that_failed_to_start_starts_once_its_offset_is_repaired() {
     cluster.shutdown(Duration::from_secs(5));
 }
 
-#[test]
-fn yaml_topology_spout_to_producer_bolt_copies_every_message() {
-    let kafka = MockKafka::start(&[("src", 4), ("dst", 3)]);
-    produce(&kafka.bootstrap(), "src", 4, 0..1000);
-    let rig = Rig::new();
+/// A Kafka -> Kafka copy topology, from YAML: `parallelism` spout tasks on `src` (group
+/// `group`) shuffled to as many producer bolts writing `dst`.
+fn start_copy(
+    kafka: &MockKafka,
+    rig: &Rig,
+    (src, dst, group): (&str, &str, &str),
+    parallelism: u32,
+) -> LocalCluster {
     let mut components = worker::Registry::with_builtins();
     kafka_spout::register_with(
         &mut components,
@@ -488,21 +491,21 @@ name: copy
 spouts:
   - id: kafka
     className: kafka-spout
-    parallelism: 2
+    parallelism: {parallelism}
     params:
       bootstrap_servers: "{b}"
-      topics: [src]
-      group_id: g6
+      topics: [{src}]
+      group_id: {group}
       auto_offset_reset: smallest
       offsets_commit_interval_ms: 100
       librdkafka: {{fetch.wait.max.ms: "10"}}
 bolts:
   - id: out
     className: kafka-bolt
-    parallelism: 2
+    parallelism: {parallelism}
     params:
       bootstrap_servers: "{b}"
-      topic: dst
+      topic: {dst}
 streams:
   - from: kafka
     to: out
@@ -510,13 +513,45 @@ streams:
 "#,
         b = kafka.bootstrap()
     );
-    let cluster = LocalCluster::start(components.load_str(&yaml).unwrap()).unwrap();
+    LocalCluster::start(components.load_str(&yaml).unwrap()).unwrap()
+}
+
+#[test]
+fn yaml_topology_spout_to_producer_bolt_copies_every_message() {
+    let kafka = MockKafka::start(&[("src", 4), ("dst", 3)]);
+    produce(&kafka.bootstrap(), "src", 4, 0..1000);
+    let rig = Rig::new();
+    let cluster = start_copy(&kafka, &rig, ("src", "dst", "g6"), 2);
     let copied: BTreeSet<u64> = read_numbers(&kafka.bootstrap(), "dst", 3, 1000, WAIT).into_iter().collect();
     assert_eq!(copied, all(1000));
     // The inputs are acked once the broker has the writes, so the spout commits the end.
     let zk = Zk::connect(&rig.ensemble);
     assert!(wait_until(WAIT, || (0..4).all(|p| zk.committed("g6", "src", p) == Some(250))));
     assert!(wait_until(WAIT, || metric(&rig.metrics, "squall_kafka_bolt_written_total", &[]) >= 1000.0));
+    cluster.shutdown(Duration::from_secs(5));
+}
+
+/// The producer bolt acks an input as soon as the broker has its write, not at its next input:
+/// librdkafka's delivery report wakes the bolt's executor. A lone write used to be acked at the
+/// bolt's next input or its next tick tuple, up to a second later.
+#[test]
+fn the_producer_bolt_acks_a_write_when_the_broker_answers_not_at_the_next_input() {
+    let kafka = MockKafka::start(&[("trickle", 1), ("trickled", 1)]);
+    let rig = Rig::new();
+    let cluster = start_copy(&kafka, &rig, ("trickle", "trickled", "g14"), 1);
+    let zk = Zk::connect(&rig.ensemble);
+    assert!(wait_until(WAIT, || zk.owners("g14", "trickle").len() == 1));
+    let spout = cluster.runtime().component_stats("kafka");
+    let acked = || spout.iter().map(|s| s.acked.load(Ordering::Relaxed)).sum::<u64>();
+    for n in 0..20 {
+        produce(&kafka.bootstrap(), "trickle", 1, n..n + 1);
+        // Each is acked before the next is written: 20 lone writes.
+        assert!(wait_until(WAIT, || acked() == n + 1), "{} acked of {}", acked(), n + 1);
+    }
+    let (p50, p99, _) = spout[0].complete_percentiles_us();
+    println!("lone writes: complete latency p50 {p50} us, p99 {p99} us");
+    assert!(p50 < 100_000, "p50 {p50} us: acked at a later input or a tick, not at the broker's answer");
+    assert!(wait_until(WAIT, || zk.committed("g14", "trickle", 0) == Some(20)));
     cluster.shutdown(Duration::from_secs(5));
 }
 
