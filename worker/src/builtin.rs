@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use crate::collector::{BoltCollector, SpoutCollector};
 use crate::component::{Bolt, ComponentError, OutputDeclarer, Spout, TopologyContext};
-use crate::tuple::{Fields, Text, TextCache, TextHasher, TextRef, Tuple, Value};
+use crate::tuple::{Fields, Text, TextCache, TextCounts, Tuple, Value};
 
 /// The reference corpus's 32 words, in order (BENCHMARKS.md).
 pub const WORDS: [&str; 32] = [
@@ -313,18 +313,18 @@ impl Default for WordCountParams {
 #[derive(Debug, Default)]
 pub struct WordCount {
     params: WordCountParams,
-    counts: hashbrown::HashMap<Text, i64, TextHasher>,
+    counts: TextCounts,
 }
 
 impl WordCount {
     /// A counter with these parameters.
     pub fn new(params: WordCountParams) -> Self {
-        WordCount { params, counts: hashbrown::HashMap::default() }
+        WordCount { params, counts: TextCounts::default() }
     }
 
     /// The count of `word` so far.
     pub fn count(&self, word: &str) -> i64 {
-        self.counts.get(&TextRef(word)).copied().unwrap_or(0)
+        self.counts.get(word)
     }
 }
 
@@ -335,16 +335,7 @@ impl Bolt for WordCount {
 
     fn execute(&mut self, input: &Tuple, out: &mut BoltCollector<'_>) -> Result<(), ComponentError> {
         if let Some(Value::Str(word)) = input.get(0) {
-            let count = match self.counts.get_mut(&TextRef(word)) {
-                Some(c) => {
-                    *c += 1;
-                    *c
-                }
-                None => {
-                    self.counts.insert(word.clone(), 1);
-                    1
-                }
-            };
+            let count = self.counts.add_one(word);
             if self.params.emit {
                 out.emit(&[input], crate::values![word.clone(), count])?;
             }
