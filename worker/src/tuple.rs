@@ -466,6 +466,8 @@ pub(crate) struct TextCounts {
 /// [`TextCounts::spread_max`]: 2 MB of slots.
 const COUNTS_SPREAD_MAX: usize = 65_536;
 
+const _: () = assert!(std::mem::size_of::<Option<(Text, i64)>>() == 32, "a count's slot is 32 bytes");
+
 impl Default for TextCounts {
     fn default() -> Self {
         TextCounts::with_spread_max(COUNTS_SPREAD_MAX)
