@@ -256,12 +256,8 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 /// replaced `max` texts with fewer hits meanwhile (ids, say) stops looking.
 #[derive(Debug)]
 pub(crate) struct TextCache {
-    /// A power of two of buckets (none before the first miss); each fills from its first slot.
-    buckets: Vec<[Option<Text>; WAYS]>,
-    /// `64 - log2(buckets.len())`: the hash's top bits pick the bucket.
-    shift: u32,
-    /// Slots holding a text.
-    held: usize,
+    /// None before the first miss.
+    buckets: Buckets<Text>,
     /// The most slots (a power of two, at least `WAYS`).
     max: usize,
     /// Lookups that hit since the cache has `max` slots.
@@ -307,9 +303,7 @@ fn slot_hash(b: &[u8]) -> u64 {
 impl TextCache {
     pub(crate) fn new(max: usize) -> Self {
         TextCache {
-            buckets: Vec::new(),
-            shift: 64,
-            held: 0,
+            buckets: Buckets::new(),
             max: max.next_power_of_two().max(WAYS),
             full_hits: 0,
             evictions: 0,
@@ -318,19 +312,13 @@ impl TextCache {
     }
 
     fn full(&self) -> bool {
-        self.buckets.len() * WAYS >= self.max
-    }
-
-    /// The bucket of `s` (0 while there is at most one).
-    #[inline(always)]
-    fn bucket_of(&self, s: &[u8]) -> usize {
-        slot_hash(s).checked_shr(self.shift).unwrap_or(0) as usize
+        self.buckets.slots() >= self.max
     }
 
     /// `s` as a [`Text`], a copy of the built one when there is one.
     #[inline(always)]
     pub(crate) fn get(&mut self, s: &str) -> Text {
-        if let Some([Some(first), rest @ ..]) = self.buckets.get(self.bucket_of(s.as_bytes())) {
+        if let Some([Some(first), rest @ ..]) = self.buckets.get(self.buckets.bucket_of(s.as_bytes())) {
             // Most hits are a bucket's first text: it is tried before the loop.
             let hit = if same_bytes(first.as_bytes(), s.as_bytes()) {
                 Some(first)
@@ -361,8 +349,7 @@ impl TextCache {
             self.evictions += 1;
             if self.evictions >= self.max && self.full_hits < self.evictions {
                 self.off = true;
-                self.buckets = Vec::new();
-                self.held = 0;
+                self.buckets = Buckets::new();
             }
         }
         text
@@ -376,24 +363,22 @@ impl TextCache {
     /// so a small vocabulary is spread until nearly every word is first in its bucket, and a
     /// large one fills the buckets.
     fn wants_room(&self, s: &[u8]) -> bool {
-        room_wanted(&self.buckets, self.bucket_of(s), self.held, true, true)
+        self.buckets.wants_room(self.buckets.bucket_of(s), true, true)
     }
 
     /// Puts `text` in its bucket's first free slot, or in place of its last text: whether it
     /// evicted one.
     fn keep(&mut self, text: Text) -> bool {
-        let b = self.bucket_of(text.as_bytes());
-        let Some(bucket) = self.buckets.get_mut(b) else { return false };
-        match bucket.iter_mut().find(|slot| slot.is_none()) {
-            Some(free) => {
-                *free = Some(text);
-                self.held += 1;
-                false
-            }
-            None => {
-                bucket[WAYS - 1] = Some(text);
-                true
-            }
+        let b = self.buckets.bucket_of(text.as_bytes());
+        match self.buckets.put(b, text) {
+            Ok(()) => false,
+            Err(text) => match self.buckets.get_mut(b) {
+                Some(bucket) => {
+                    bucket[WAYS - 1] = Some(text);
+                    true
+                }
+                None => false,
+            },
         }
     }
 
@@ -401,43 +386,110 @@ impl TextCache {
     /// each text.
     fn grow(&mut self) {
         let len = (self.buckets.len() * 2).clamp(FIRST_BUCKETS.min(self.max / WAYS), self.max / WAYS);
-        let old = std::mem::replace(&mut self.buckets, vec![Default::default(); len]);
-        self.shift = 64 - len.trailing_zeros();
-        self.held = 0;
-        for t in old.into_iter().flatten().flatten() {
+        for t in self.buckets.resize(len) {
             self.keep(t);
         }
     }
 
     #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Text> {
-        self.buckets.iter().flatten().flatten()
+        self.buckets.iter()
     }
 
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.held
+        self.buckets.held
     }
 }
 
-/// Whether buckets with `held` texts double before a new text is kept in bucket `b`: when there
-/// are none, when half the slots are held, when the bucket is full (if `full_grows`), or when
-/// its first slot is taken and the slots are fewer than [`SPARSE`] per text (if `spread`).
-fn room_wanted<T>(
-    buckets: &[[Option<T>; WAYS]],
-    b: usize,
+/// Buckets of [`WAYS`] slots, a bucket picked by the top bits of a text's [`slot_hash`] and
+/// filled from its first slot: the table under [`TextCache`] and [`TextCounts`].
+#[derive(Debug)]
+struct Buckets<T> {
+    /// A power of two of buckets (none at first).
+    buckets: Vec<[Option<T>; WAYS]>,
+    /// `64 - log2(buckets.len())`: the hash's top bits pick the bucket.
+    shift: u32,
+    /// Slots holding an entry.
     held: usize,
-    full_grows: bool,
-    spread: bool,
-) -> bool {
-    let slots = buckets.len() * WAYS;
-    match buckets.get(b) {
-        None => true,
-        Some(bucket) => {
-            held * 2 >= slots
-                || (full_grows && bucket[WAYS - 1].is_some())
-                || (spread && bucket[0].is_some() && slots < SPARSE * held)
+}
+
+impl<T: Clone> Buckets<T> {
+    fn new() -> Self {
+        Buckets { buckets: Vec::new(), shift: 64, held: 0 }
+    }
+
+    /// The bucket of `s` (0 while there is at most one).
+    #[inline(always)]
+    fn bucket_of(&self, s: &[u8]) -> usize {
+        slot_hash(s).checked_shr(self.shift).unwrap_or(0) as usize
+    }
+
+    #[inline(always)]
+    fn get(&self, b: usize) -> Option<&[Option<T>; WAYS]> {
+        self.buckets.get(b)
+    }
+
+    #[inline(always)]
+    fn get_mut(&mut self, b: usize) -> Option<&mut [Option<T>; WAYS]> {
+        self.buckets.get_mut(b)
+    }
+
+    /// How many buckets.
+    fn len(&self) -> usize {
+        self.buckets.len()
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.buckets.is_empty()
+    }
+
+    fn slots(&self) -> usize {
+        self.buckets.len() * WAYS
+    }
+
+    /// Puts `entry` in bucket `b`'s first free slot, or gives it back (the bucket is full, or
+    /// there are no buckets yet).
+    fn put(&mut self, b: usize, entry: T) -> Result<(), T> {
+        let Some(bucket) = self.buckets.get_mut(b) else { return Err(entry) };
+        match bucket.iter_mut().find(|slot| slot.is_none()) {
+            Some(free) => {
+                *free = Some(entry);
+                self.held += 1;
+                Ok(())
+            }
+            None => Err(entry),
         }
+    }
+
+    /// Makes `len` (a power of two) empty buckets; returns the entries they held, to be put
+    /// back by their new bucket.
+    fn resize(&mut self, len: usize) -> impl Iterator<Item = T> + use<T> {
+        let old = std::mem::replace(&mut self.buckets, vec![Default::default(); len]);
+        self.shift = 64 - len.trailing_zeros();
+        self.held = 0;
+        old.into_iter().flatten().flatten()
+    }
+
+    /// Whether to double before a new entry is put in bucket `b`: when there are no buckets,
+    /// when half the slots are held, when the bucket is full (if `full_grows`), or when its
+    /// first slot is taken and the slots are fewer than [`SPARSE`] per entry (if `spread`).
+    fn wants_room(&self, b: usize, full_grows: bool, spread: bool) -> bool {
+        let slots = self.slots();
+        match self.buckets.get(b) {
+            None => true,
+            Some(bucket) => {
+                self.held * 2 >= slots
+                    || (full_grows && bucket[WAYS - 1].is_some())
+                    || (spread && bucket[0].is_some() && slots < SPARSE * self.held)
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        self.buckets.iter().flatten().flatten()
     }
 }
 
@@ -451,12 +503,8 @@ fn room_wanted<T>(
 /// with a free slot answers for its texts alone.
 #[derive(Debug)]
 pub(crate) struct TextCounts {
-    /// A power of two of buckets (none before the first text); each fills from its first slot.
-    buckets: Vec<[Option<(Text, i64)>; WAYS]>,
-    /// `64 - log2(buckets.len())`: the hash's top bits pick the bucket.
-    shift: u32,
-    /// Slots holding a text.
-    held: usize,
+    /// None before the first text.
+    buckets: Buckets<(Text, i64)>,
     /// Up to how many slots a new text not first in its bucket doubles the buckets (then only
     /// half the slots held, or a full bucket while at least an eighth are held, does).
     spread_max: usize,
@@ -476,25 +524,14 @@ impl Default for TextCounts {
 
 impl TextCounts {
     fn with_spread_max(spread_max: usize) -> Self {
-        TextCounts {
-            buckets: Vec::new(),
-            shift: 64,
-            held: 0,
-            spread_max,
-            rest: hashbrown::HashMap::default(),
-        }
-    }
-
-    #[inline(always)]
-    fn bucket_of(&self, s: &[u8]) -> usize {
-        slot_hash(s).checked_shr(self.shift).unwrap_or(0) as usize
+        TextCounts { buckets: Buckets::new(), spread_max, rest: hashbrown::HashMap::default() }
     }
 
     /// Adds one to the count of `text` (kept as a copy of it when new); returns the new count.
     #[inline(always)]
     pub(crate) fn add_one(&mut self, text: &Text) -> i64 {
         let s = text.as_bytes();
-        let b = self.bucket_of(s);
+        let b = self.buckets.bucket_of(s);
         if let Some(bucket) = self.buckets.get_mut(b) {
             for slot in bucket.iter_mut() {
                 match slot {
@@ -507,14 +544,14 @@ impl TextCounts {
                 }
             }
         }
-        self.add_one_elsewhere(text)
+        self.add_one_elsewhere(text, b)
     }
 
-    /// `add_one` for a text its bucket does not hold: counted in `rest`, or new.
+    /// `add_one` for a text its bucket (`b`) does not hold: counted in `rest`, or new.
     #[inline(never)]
-    fn add_one_elsewhere(&mut self, text: &Text) -> i64 {
+    fn add_one_elsewhere(&mut self, text: &Text, b: usize) -> i64 {
         let s = text.as_bytes();
-        let bucket_full = self.buckets.get(self.bucket_of(s)).is_some_and(|b| b[WAYS - 1].is_some());
+        let bucket_full = self.buckets.get(b).is_some_and(|bucket| bucket[WAYS - 1].is_some());
         if s.len() > INLINE_TEXT_MAX || bucket_full {
             if let Some(count) = self.rest.get_mut(&TextRef(text.as_str())) {
                 *count += 1;
@@ -540,38 +577,21 @@ impl TextCounts {
     /// when its bucket's first slot is taken and the slots are fewer than [`SPARSE`] per text
     /// and at most `spread_max` (as [`TextCache`] spreads a vocabulary).
     fn wants_room(&self, s: &[u8]) -> bool {
-        let slots = self.buckets.len() * WAYS;
-        room_wanted(
-            &self.buckets,
-            self.bucket_of(s),
-            self.held,
-            self.held * 8 >= slots,
-            slots < self.spread_max,
-        )
+        let slots = self.buckets.slots();
+        let full_grows = self.buckets.held * 8 >= slots;
+        self.buckets.wants_room(self.buckets.bucket_of(s), full_grows, slots < self.spread_max)
     }
 
     /// Puts `text` in its bucket's first free slot, or gives it back (its bucket is full).
     fn keep(&mut self, text: Text, count: i64) -> Result<(), (Text, i64)> {
-        let b = self.bucket_of(text.as_bytes());
-        let Some(bucket) = self.buckets.get_mut(b) else { return Err((text, count)) };
-        match bucket.iter_mut().find(|slot| slot.is_none()) {
-            Some(free) => {
-                *free = Some((text, count));
-                self.held += 1;
-                Ok(())
-            }
-            None => Err((text, count)),
-        }
+        self.buckets.put(self.buckets.bucket_of(text.as_bytes()), (text, count))
     }
 
     /// Doubles the buckets ([`FIRST_BUCKETS`] when there are none), moving each count; inline
     /// texts counted in `rest` move into the buckets where their bucket has room now.
     fn grow(&mut self) {
         let len = (self.buckets.len() * 2).max(FIRST_BUCKETS);
-        let old = std::mem::replace(&mut self.buckets, vec![Default::default(); len]);
-        self.shift = 64 - len.trailing_zeros();
-        self.held = 0;
-        for (text, count) in old.into_iter().flatten().flatten() {
+        for (text, count) in self.buckets.resize(len) {
             // A bucket's texts split between two buckets of the doubled table: all fit.
             if let Err((text, count)) = self.keep(text, count) {
                 self.rest.insert(text, count);
@@ -588,7 +608,7 @@ impl TextCounts {
 
     /// The count of `s` so far.
     pub(crate) fn get(&self, s: &str) -> i64 {
-        let in_bucket = self.buckets.get(self.bucket_of(s.as_bytes())).and_then(|bucket| {
+        let in_bucket = self.buckets.get(self.buckets.bucket_of(s.as_bytes())).and_then(|bucket| {
             bucket.iter().map_while(Option::as_ref).find(|(t, _)| same_bytes(t.as_bytes(), s.as_bytes()))
         });
         match in_bucket {
@@ -600,7 +620,7 @@ impl TextCounts {
     /// Texts counted.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.held + self.rest.len()
+        self.buckets.held + self.rest.len()
     }
 }
 
@@ -901,7 +921,7 @@ mod tests {
         for w in &words {
             let t = cache.get(w);
             assert_eq!(t.as_str(), w);
-            let bucket = cache.buckets.get(cache.bucket_of(w.as_bytes())).expect("a bucket");
+            let bucket = cache.buckets.get(cache.buckets.bucket_of(w.as_bytes())).expect("a bucket");
             assert!(bucket.contains(&Some(t)), "{w} kept in its bucket");
         }
         assert_eq!(cache.len(), distinct.len());
@@ -965,7 +985,7 @@ mod tests {
     fn assert_rest_only_where_buckets_are_full(counts: &TextCounts) {
         for text in counts.rest.keys() {
             if text.len() <= INLINE_TEXT_MAX {
-                let bucket = &counts.buckets[counts.bucket_of(text.as_bytes())];
+                let bucket = counts.buckets.get(counts.buckets.bucket_of(text.as_bytes())).expect("a bucket");
                 assert!(bucket.iter().all(Option::is_some), "{text:?} in rest beside a free slot");
             }
         }
@@ -1005,10 +1025,10 @@ mod tests {
         counts.add_one(&Text::new("first"));
         assert_eq!(counts.buckets.len(), FIRST_BUCKETS);
         // Five more texts of one bucket: the fifth finds it full with 5 of 64 slots held.
-        let target = counts.bucket_of(b"first");
+        let target = counts.buckets.bucket_of(b"first");
         let same: Vec<Text> = (0..)
             .map(|i| Text::new(format!("w{i}")))
-            .filter(|t| counts.bucket_of(t.as_bytes()) == target)
+            .filter(|t| counts.buckets.bucket_of(t.as_bytes()) == target)
             .take(4)
             .collect();
         for t in &same[..3] {
