@@ -21,6 +21,11 @@ use crate::topology::{ACKER_COMPONENT, Topology};
 
 /// How often shutdown looks at the pending counts while draining.
 const DRAIN_POLL: Duration = Duration::from_millis(5);
+/// How long a worker without spouts must see its executors do nothing before its graceful
+/// stop ends the drain: the trees in flight through it are other workers' (it cannot count
+/// them), and a worker stopped with them, as `squall local` and a topology's kill stop them
+/// all, would drop the tuples that are still on their way to it.
+const DRAIN_QUIET: Duration = Duration::from_millis(200);
 
 /// The executors of one worker, running.
 #[derive(Debug)]
@@ -250,12 +255,43 @@ impl WorkerRuntime {
         self.executors.iter().filter(|e| e.is_spout).map(|e| e.stats.pending.load(Ordering::Relaxed)).sum()
     }
 
-    /// Graceful stop: deactivate spouts, wait up to `drain` for pending tuples to complete,
-    /// then stop every executor and wait for its thread.
+    /// What every executor has done so far (emitted, transferred, acked and failed, as
+    /// published): it stands still while the worker is idle.
+    fn activity(&self) -> u64 {
+        self.executors.iter().fold(0u64, |sum, e| {
+            let s = &e.stats;
+            [&s.emitted, &s.transferred, &s.acked, &s.failed]
+                .iter()
+                .fold(sum, |sum, c| sum.wrapping_add(c.load(Ordering::Relaxed)))
+        })
+    }
+
+    /// Graceful stop: deactivate spouts, wait up to `drain` for the tuples in flight, then stop
+    /// every executor and wait for its thread. A worker with spouts waits until their pending
+    /// tuples completed; one without waits until its executors did nothing for [`DRAIN_QUIET`]
+    /// (the trees through it are other workers', still completing while those drain).
     pub fn shutdown(mut self, drain: Duration) {
         self.deactivate();
         let deadline = Instant::now() + drain;
-        while self.pending() > 0 && Instant::now() < deadline {
+        let has_spouts = self.executors.iter().any(|e| e.is_spout);
+        let (mut seen, mut quiet_since) = (self.activity(), Instant::now());
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            if has_spouts {
+                if self.pending() == 0 {
+                    break;
+                }
+            } else {
+                let activity = self.activity();
+                if activity != seen {
+                    (seen, quiet_since) = (activity, now);
+                } else if now.saturating_duration_since(quiet_since) >= DRAIN_QUIET {
+                    break;
+                }
+            }
             std::thread::sleep(DRAIN_POLL);
         }
         self.stop();
