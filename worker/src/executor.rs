@@ -37,11 +37,6 @@ use crate::tuple::{Anchors, Fields, SYSTEM_COMPONENT, StreamMeta, TICK_STREAM, T
 const IDLE_POLL: Duration = Duration::from_millis(50);
 /// How often a spout publishes its complete-latency histogram.
 const HIST_PUBLISH: Duration = Duration::from_millis(100);
-/// Verdicts a spout executor's pass may apply before its first emit and still stamp that emit
-/// with the clock read at the pass's start (`run_spout`): ~50 ns each, so the stamp is at most
-/// a few microseconds early. After more, or after any batch from its queue, the emit reads
-/// the clock itself.
-const PASS_CLOCK_MAX_VERDICTS: usize = 64;
 
 /// Every stream of the topology with its index (the same in every worker: components sorted
 /// by id, streams in declaration order) and its subscribers.
@@ -367,13 +362,12 @@ fn run_spout(
         if shared.cancel.is_cancelled() {
             break;
         }
-        // The pass's clock: the time of the verdicts the inline bolts sent here, of the checks
-        // below, and of the pass's first emits when little came before them (`new_pass`).
-        // At half load a pass emits 3-4 sentences, and each clock read was ~1% of the thread.
+        // The pass's clock: the time of the verdicts the inline bolts sent here and of the
+        // checks below. At half load a pass emits 3-4 sentences, and each clock read was ~1%
+        // of the thread. (Its emits read the clock themselves: a spout's `next_tuple` may take
+        // a while before it emits, a multilang one a round trip to its subprocess.)
         let now = Instant::now();
         own_inbox::swap(&mut own);
-        // Whether the pass's first emits read the clock themselves (see below).
-        let mut stale = own.len() > PASS_CLOCK_MAX_VERDICTS;
         if !own.is_empty() {
             let verdicts = (&mut acked, &mut failed);
             on_done(
@@ -387,7 +381,6 @@ fn run_spout(
             );
         }
         while let Ok(mut b) = inbox.try_recv() {
-            stale = true;
             let verdicts = (&mut acked, &mut failed);
             let times = (&mut lat, &mut hist, None);
             on_done(&mut spouts, &mut pending, &mut b, times, verdicts, &mut moved, &mut fused);
@@ -438,9 +431,7 @@ fn run_spout(
         let mut emitted = false;
         // A task held back by `topology.max.spout.pending`: its verdicts, not time, let it go on.
         let mut capped = false;
-        // Emits stamped with the pass's clock: read earlier than they happen, by the few
-        // verdicts applied since, which can only make a complete latency look longer.
-        pending.new_pass((!stale).then_some(now));
+        pending.new_pass();
         // A burst (a rate-limited spout catching up) goes to its subscribers as it is emitted.
         let mut pass = Pass::default();
         if active {
