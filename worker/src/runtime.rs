@@ -268,8 +268,9 @@ impl WorkerRuntime {
 
     /// Graceful stop: deactivate spouts, wait up to `drain` for the tuples in flight, then stop
     /// every executor and wait for its thread. A worker with spouts waits until their pending
-    /// tuples completed; one without waits until its executors did nothing for [`DRAIN_QUIET`]
-    /// (the trees through it are other workers', still completing while those drain).
+    /// tuples completed; one without waits until its executors did nothing for 200 ms
+    /// (`DRAIN_QUIET`: the trees through it are other workers', still completing while those
+    /// drain).
     pub fn shutdown(mut self, drain: Duration) {
         self.deactivate();
         let deadline = Instant::now() + drain;
