@@ -258,12 +258,10 @@ impl WorkerRuntime {
     /// What every executor has done so far (emitted, transferred, acked and failed, as
     /// published): it stands still while the worker is idle.
     fn activity(&self) -> u64 {
-        self.executors.iter().fold(0u64, |sum, e| {
-            let s = &e.stats;
-            [&s.emitted, &s.transferred, &s.acked, &s.failed]
-                .iter()
-                .fold(sum, |sum, c| sum.wrapping_add(c.load(Ordering::Relaxed)))
-        })
+        self.executors
+            .iter()
+            .flat_map(|e| [&e.stats.emitted, &e.stats.transferred, &e.stats.acked, &e.stats.failed])
+            .fold(0u64, |sum, c| sum.wrapping_add(c.load(Ordering::Relaxed)))
     }
 
     /// Graceful stop: deactivate spouts, wait up to `drain` for the tuples in flight, then stop

@@ -767,22 +767,36 @@ impl Bolt for Sink {
     }
 }
 
+/// Two worker slots of one supervisor, on free ports.
+fn two_slots() -> [WorkerSlot; 2] {
+    let sup = SupervisorId::new("sup-1").unwrap();
+    [WorkerSlot { node: sup.clone(), port: free_port() }, WorkerSlot { node: sup, port: free_port() }]
+}
+
+/// A topology of two workers with a 30 s message timeout and `max_spout_pending`.
+fn two_workers(max_spout_pending: u32) -> TopologyConfig {
+    TopologyConfig {
+        workers: 2,
+        message_timeout_secs: 30,
+        max_spout_pending: Some(max_spout_pending),
+        ..TopologyConfig::default()
+    }
+}
+
+/// The executor of `component` (its only one).
+fn executor_of(layout: &TaskLayout, component: &str) -> cluster_state::ids::ExecutorId {
+    layout.executors.iter().find(|(_, c)| c.as_str() == component).map(|(e, _)| *e).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn megabyte_messages_cross_between_two_workers_and_are_acked() {
     // A batch of them is larger than a frame may be: it went as one frame, the receiver
     // refused it with the connection, and the spout replayed and failed forever.
     let c = Cluster::new("megabytes").await;
-    let sup = SupervisorId::new("sup-1").unwrap();
-    let slots =
-        [WorkerSlot { node: sup.clone(), port: free_port() }, WorkerSlot { node: sup, port: free_port() }];
+    let slots = two_slots();
     let build = || {
         let mut b = TopologyBuilder::new("wc");
-        b.config(TopologyConfig {
-            workers: 2,
-            message_timeout_secs: 30,
-            max_spout_pending: Some(200),
-            ..TopologyConfig::default()
-        });
+        b.config(two_workers(200));
         b.set_spout("megabytes", 1, || Megabytes { next: 0, limit: 300 });
         // Two sink executors: round-robin puts one on each worker, so half the messages cross.
         b.set_bolt("sink", 2, || Sink).shuffle_grouping("megabytes");
@@ -798,9 +812,7 @@ async fn megabyte_messages_cross_between_two_workers_and_are_acked() {
         .map(|(e, _)| assignment.slot_of(e).unwrap())
         .collect();
     assert_eq!(sink_slots.len(), 2, "a sink on each worker");
-    let spout_slot = assignment
-        .slot_of(layout.executors.iter().find(|(_, c)| c.as_str() == "megabytes").map(|(e, _)| e).unwrap())
-        .unwrap();
+    let spout_slot = assignment.slot_of(&executor_of(&layout, "megabytes")).unwrap();
     let (ta, ha) = c.start(build(), &slots[0], "worker-a");
     let (tb, hb) = c.start(build(), &slots[1], "worker-b");
     eventually_true(Duration::from_secs(120), "300 megabyte messages acked", || async {
@@ -965,17 +977,10 @@ async fn workers_stopped_together_complete_the_trees_in_flight_between_them() {
     // its own and stopped at once, dropping the tuples still on their way to it: the spout's
     // worker then drained in vain (CI at `eed7214`: 149 of 150 sentences acked).
     let c = Cluster::new("stopped_together").await;
-    let sup = SupervisorId::new("sup-1").unwrap();
-    let slots =
-        [WorkerSlot { node: sup.clone(), port: free_port() }, WorkerSlot { node: sup, port: free_port() }];
+    let slots = two_slots();
     let build = || {
         let mut b = TopologyBuilder::new("wc");
-        b.config(TopologyConfig {
-            workers: 2,
-            message_timeout_secs: 30,
-            max_spout_pending: Some(2),
-            ..TopologyConfig::default()
-        });
+        b.config(two_workers(2));
         b.set_spout("sentences", 1, || SentenceSpout::new(SentenceParams::default()));
         b.set_bolt("slow", 2, || Slow).shuffle_grouping("sentences");
         b.set_bolt("sink", 2, || Sink).shuffle_grouping("slow");
@@ -984,7 +989,7 @@ async fn workers_stopped_together_complete_the_trees_in_flight_between_them() {
     let topology = build();
     let layout = TaskLayout::compute(&topology.component_parallelism());
     let assignment = c.submit(&topology, &slots).await;
-    let spout = layout.executors.iter().find(|(_, c)| c.as_str() == "sentences").map(|(e, _)| *e).unwrap();
+    let spout = executor_of(&layout, "sentences");
     let spout_slot = assignment.slot_of(&spout).unwrap();
     let (ta, ha) = c.start(build(), &slots[0], "worker-a");
     let (tb, hb) = c.start(build(), &slots[1], "worker-b");
