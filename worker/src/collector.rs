@@ -589,15 +589,8 @@ impl Emitter {
         let Some(cell) = self.routes.cells.get(dest).and_then(Option::as_ref).and_then(Weak::upgrade) else {
             return false;
         };
-        let cap = self.bufs[dest].len();
-        let batch = std::mem::replace(&mut self.bufs[dest], Vec::with_capacity(cap));
-        match cell.try_run(batch) {
-            Ok(()) => true,
-            Err(back) => {
-                self.bufs[dest] = back;
-                false
-            }
-        }
+        // Run in place: the buffer, emptied, keeps its capacity for the next pass.
+        cell.try_run(&mut self.bufs[dest])
     }
 
     /// Notes which batches are open, for the next `hand_over_partial`.

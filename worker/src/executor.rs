@@ -808,7 +808,7 @@ fn run_bolt(
         let mut next = first.map(Ok);
         let mut disconnected = false;
         loop {
-            let b = match next.take().unwrap_or_else(|| cell.inbox.try_recv()) {
+            let mut b = match next.take().unwrap_or_else(|| cell.inbox.try_recv()) {
                 Ok(b) => b,
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
@@ -819,7 +819,7 @@ fn run_bolt(
             // Working on the last batch queued: nothing else waits, so an idle downstream
             // executor may run on this thread instead of being woken.
             core.em.inline_ok = inline && cell.inbox.is_empty();
-            core.process(b);
+            core.process(&mut b);
             if shared.cancel.is_cancelled() {
                 break;
             }
