@@ -182,6 +182,11 @@ pub(crate) mod own_inbox {
         true
     }
 
+    /// Whether this thread is a spout executor's (it has claimed its queue).
+    pub(crate) fn claimed() -> bool {
+        KEY.get() != 0
+    }
+
     /// Whether nothing is held.
     pub(crate) fn is_empty() -> bool {
         HELD.with_borrow(Vec::is_empty)
@@ -590,7 +595,7 @@ impl Emitter {
             return false;
         };
         // Run in place: the buffer, emptied, keeps its capacity for the next pass.
-        cell.try_run(&mut self.bufs[dest])
+        cell.try_run(&mut self.bufs[dest], self.batch_size)
     }
 
     /// Notes which batches are open, for the next `hand_over_partial`.

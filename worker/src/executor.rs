@@ -341,6 +341,7 @@ fn run_spout(
     let wait = Duration::from_millis(config.spout_wait_ms);
     // The first waits of an idle streak, until the streak is `wait` long (`SpoutWait`).
     let mut idle = SpoutWait::new(Duration::from_micros(config.spout_wait_short_us), wait);
+    let linger = Duration::from_micros(config.spout_linger_us);
     let batch = config.producer_batch_size as usize;
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 2).ok();
     let mut lat = LatencyAcc::default();
@@ -434,8 +435,11 @@ fn run_spout(
         pending.new_pass();
         // A burst (a rate-limited spout catching up) goes to its subscribers as it is emitted.
         let mut pass = Pass::default();
+        // Rounds of `next_tuple` calls this pass (the last one emitted nothing, unless all ran).
+        let mut rounds = 0;
         if active {
             'rounds: for _ in 0..batch {
+                rounds += 1;
                 let mut any = false;
                 for (i, spout) in spouts.iter_mut().enumerate() {
                     if config.max_spout_pending.is_some_and(|m| pending.per_task[i] >= m) {
@@ -497,6 +501,45 @@ fn run_spout(
         }
         if emitted {
             idle.reset();
+            if rounds < batch && !capped && !linger.is_zero() {
+                // Ran dry: linger until `linger` after the pass began (`squall.spout.linger.us`),
+                // taking verdicts (the inline bolts' at once, as at the top of the loop).
+                let until = now + linger;
+                loop {
+                    own_inbox::swap(&mut own);
+                    if !own.is_empty() {
+                        let times = (&mut lat, &mut hist, Some(Instant::now()));
+                        on_done(
+                            &mut spouts,
+                            &mut pending,
+                            &mut own,
+                            times,
+                            (&mut acked, &mut failed),
+                            &mut moved,
+                            &mut fused,
+                        );
+                    }
+                    let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    match inbox.recv_timeout(left) {
+                        Ok(mut b) => {
+                            let times = (&mut lat, &mut hist, None);
+                            on_done(
+                                &mut spouts,
+                                &mut pending,
+                                &mut b,
+                                times,
+                                (&mut acked, &mut failed),
+                                &mut moved,
+                                &mut fused,
+                            );
+                        }
+                        Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+                    }
+                }
+            }
         } else {
             // Held back by max pending, it waits for verdicts (their arrival ends the wait), so
             // looking again sooner would only cut its next burst short.

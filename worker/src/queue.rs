@@ -141,6 +141,10 @@ impl<T> QueueReceiver<T> {
         self.rx.is_empty()
     }
 
+    pub(crate) fn len(&self) -> usize {
+        self.rx.len()
+    }
+
     /// The values queued now, without waiting.
     #[cfg(test)]
     pub(crate) fn try_iter(&self) -> crossbeam_channel::TryIter<'_, T> {

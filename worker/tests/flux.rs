@@ -154,6 +154,12 @@ fn bad_files_name_the_element_and_line() {
             vec!["squall.spout.wait.short.us", "at most 1000000 (1 s)"],
         ),
         (
+            "  topology.max.spout.pending: 1000",
+            "  topology.max.spout.pending: 1000\n  squall.spout.linger.us: 1000001",
+            |e| matches!(e, Error::BadConfig { .. }),
+            vec!["squall.spout.linger.us", "at most 1000000 (1 s)"],
+        ),
+        (
             "params: {rate_per_sec: 1000, count: 100}",
             "params: {rate: 1000}",
             |e| matches!(e, Error::BadParams { .. }),
