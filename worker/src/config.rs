@@ -105,8 +105,8 @@ pub struct TopologyConfig {
     /// woken downstream threads and the host's own work need (issue 21: with it and a spout's
     /// thread taking a few queued batches over, `BoltCell::try_run`, word count's half-load p99
     /// <= 1 ms held in 6, 5, 4 of 6 runs against 4, 3, 3 before, interleaved; neither alone did
-    /// better than before). What a tuple waits here
-    /// is before its emit, so complete latency does not count it. 0: no wait. Squall: 10.
+    /// better than before). What a tuple waits here is before its emit, so complete latency
+    /// does not count it. 0: no wait. Squall: 10.
     #[serde(rename = "squall.spout.linger.us")]
     pub spout_linger_us: u64,
     /// `topology.enable.message.timeouts`: whether pending tuples time out. Storm: true.

@@ -141,6 +141,7 @@ impl<T> QueueReceiver<T> {
         self.rx.is_empty()
     }
 
+    /// How many values are queued now.
     pub(crate) fn len(&self) -> usize {
         self.rx.len()
     }
