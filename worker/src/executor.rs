@@ -505,37 +505,29 @@ fn run_spout(
                 // Ran dry: linger until `linger` after the pass began (`squall.spout.linger.us`),
                 // taking verdicts (the inline bolts' at once, as at the top of the loop).
                 let until = now + linger;
+                let mut serve = |b: &mut Batch, at: Option<Instant>| {
+                    let times = (&mut lat, &mut hist, at);
+                    on_done(
+                        &mut spouts,
+                        &mut pending,
+                        b,
+                        times,
+                        (&mut acked, &mut failed),
+                        &mut moved,
+                        &mut fused,
+                    );
+                };
                 loop {
                     own_inbox::swap(&mut own);
                     if !own.is_empty() {
-                        let times = (&mut lat, &mut hist, Some(Instant::now()));
-                        on_done(
-                            &mut spouts,
-                            &mut pending,
-                            &mut own,
-                            times,
-                            (&mut acked, &mut failed),
-                            &mut moved,
-                            &mut fused,
-                        );
+                        serve(&mut own, Some(Instant::now()));
                     }
                     let left = until.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         break;
                     }
                     match inbox.recv_timeout(left) {
-                        Ok(mut b) => {
-                            let times = (&mut lat, &mut hist, None);
-                            on_done(
-                                &mut spouts,
-                                &mut pending,
-                                &mut b,
-                                times,
-                                (&mut acked, &mut failed),
-                                &mut moved,
-                                &mut fused,
-                            );
-                        }
+                        Ok(mut b) => serve(&mut b, None),
                         Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
                     }
                 }
