@@ -58,6 +58,12 @@ pub(crate) const INLINE_BUDGET: Duration = Duration::from_millis(1);
 /// held in 2 and 3 of 6 runs, against 4 and 6 at 4 (issue 21).
 pub(crate) const TAKE_OVER_QUEUED: usize = 4;
 
+/// How long a bolt executor's thread, woken for its queued batches, may wait for a core before
+/// a spout's thread that ran dry runs them ([`BoltCell::help`]). Waking an idle thread onto an
+/// idle core takes a few microseconds; at 20 us and at 50 us, word count's half-load p99 <= 1 ms
+/// held in about as many runs, with a tenth of a core taken by another process (issue 21).
+pub(crate) const HELP_AFTER: Duration = Duration::from_micros(20);
+
 /// What runs a bolt executor's tuples, on whichever thread holds it.
 pub(crate) struct BoltCore {
     pub(crate) bolts: Vec<Box<dyn Bolt>>,
@@ -139,6 +145,18 @@ impl BoltCore {
     /// caller's flush.
     pub(crate) fn end_pass(&mut self) {
         self.pass = Pass::default();
+    }
+
+    /// Ends a run on a borrowed thread (`BoltCell::try_run`, `BoltCell::help`): its partial
+    /// batches for idle executors run here in turn (the batches it fills go to their executors'
+    /// threads; at partial load a spout's thread runs a whole word count tree with no
+    /// hand-over). No pacing: this executor's thread is parked and would not wake for a held
+    /// batch.
+    fn end_borrowed_run(&mut self) {
+        self.em.inline_ok = true;
+        self.em.flush();
+        self.em.inline_ok = false;
+        self.end_pass();
     }
 
     /// Runs one tuple built here (a tick).
@@ -322,13 +340,10 @@ impl BoltCell {
             Err(TryLockError::WouldBlock | TryLockError::Poisoned(_)) => return false,
         };
         let work = batch.len().saturating_add(queued.saturating_mul(full));
-        let Some(core) = guard.as_mut().filter(|c| c.inline && c.fits_inline(work)) else {
+        if !guard.as_ref().is_some_and(|c| c.inline && c.fits_inline(work)) {
             return false;
-        };
-        // A bolt that panics here stops its own executor, as on its own thread, and not the
-        // upstream one whose thread it borrowed: its state is dropped, and its thread, finding
-        // none, ends.
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        }
+        let ran = self.run_borrowed(&mut guard, |core| {
             // What was queued at the look above goes first, so each sender's order is kept
             // (what others queue since stays for the executor's own thread, woken for it).
             for _ in 0..queued {
@@ -336,23 +351,68 @@ impl BoltCell {
                 core.process(&mut b);
             }
             core.process(batch);
-            // No pacing here: this executor's thread is parked and would not wake for a held
-            // batch. Its partial batches for idle executors run here in turn (the batches it
-            // fills go to their executors' threads): at partial load a spout's thread runs a
-            // whole word count tree with no hand-over.
-            core.em.inline_ok = true;
-            core.em.flush();
-            core.em.inline_ok = false;
-            core.end_pass();
-        }));
-        if ran.is_err() {
-            tracing::error!(component = %core.em.component, "a bolt panicked while run on an upstream executor's thread; its executor stops");
-            *guard = None;
-            self.died.store(true, Ordering::Release);
+            core.end_borrowed_run();
+        });
+        if !ran {
             // What the panic left of it goes with the executor, as on its own thread.
             batch.clear();
         }
         true
+    }
+
+    /// Runs what is queued for this executor on this thread, as many batches as fit
+    /// [`INLINE_BUDGET`] (each counted as `full` tuples), when its own thread was woken for
+    /// them at least [`HELP_AFTER`] ago and has not run since, and nothing else runs it (not
+    /// multilang); says whether it ran any. For a spout's thread that ran dry and is about to
+    /// wait: it has a core, the woken thread waits for one.
+    ///
+    /// On two cores a woken thread was placed on the core busy with another process (a 3 ms
+    /// burst of CPU, a `kdamond` scan) and waited there up to that process's slice, while the
+    /// other core went idle for ~60 us at a time between the spout's passes: too briefly for
+    /// the kernel to pull it over (it balances a newly idle core only when that core's idle
+    /// spells average over `sched_migration_cost`, 0.5 ms). The count bolt's batches then
+    /// waited a millisecond or more behind a spout with nothing to do (issue 21).
+    pub(crate) fn help(&self, full: usize) -> bool {
+        if self.inbox.is_empty() || !self.inbox.woken_waiting(HELP_AFTER) {
+            return false;
+        }
+        let mut guard = match self.core.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::WouldBlock | TryLockError::Poisoned(_)) => return false,
+        };
+        if !guard.as_ref().is_some_and(|c| c.inline) {
+            return false;
+        }
+        let mut batches = 0usize;
+        self.run_borrowed(&mut guard, |core| {
+            // Taken while the lock is held, like the executor's own thread does: in order.
+            while core.fits_inline(full.saturating_mul(batches + 1)) {
+                let Ok(mut b) = self.inbox.try_recv() else { break };
+                core.process(&mut b);
+                batches += 1;
+            }
+            core.end_borrowed_run();
+        });
+        batches > 0
+    }
+
+    /// Runs `work` on the executor held in `guard`, on a thread borrowed from upstream; false
+    /// when a bolt panicked. A bolt that panics here stops its own executor, as on its own
+    /// thread, and not the executor whose thread it borrowed: its state is dropped, and its
+    /// thread, finding none, ends.
+    fn run_borrowed(
+        &self,
+        guard: &mut MutexGuard<'_, Option<BoltCore>>,
+        work: impl FnOnce(&mut BoltCore),
+    ) -> bool {
+        let Some(core) = guard.as_mut() else { return false };
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(core))).is_ok() {
+            return true;
+        }
+        tracing::error!(component = %core.em.component, "a bolt panicked while run on an upstream executor's thread; its executor stops");
+        **guard = None;
+        self.died.store(true, Ordering::Release);
+        false
     }
 }
 
@@ -474,11 +534,13 @@ mod tests {
         }
     }
 
-    /// An upstream thread runs a batch for an executor that is not running: with nothing
-    /// queued from any thread; with up to `TAKE_OVER_QUEUED` queued only from a spout's thread
-    /// (which runs the queued batches first, in order), and never past that.
-    #[test]
-    fn a_spout_thread_takes_a_few_queued_batches_over_in_order() {
+    /// A bolt executor of a `Seen` bolt (task 2, its input from spout task 1) in its cell, its
+    /// cost per tuple known from a first batch (`first`, already taken from the record): the
+    /// cell, its queue's sender, what it saw, and how to build a batch of texts for it.
+    #[allow(clippy::type_complexity)]
+    fn seen_cell()
+    -> (Arc<BoltCell>, crate::queue::QueueSender<Batch>, Arc<Mutex<Vec<String>>>, impl Fn(&[&str]) -> Batch)
+    {
         use cluster_state::ids::{ComponentId, ExecutorId};
 
         let mut b = TopologyBuilder::new("t");
@@ -486,7 +548,7 @@ mod tests {
         b.set_bolt("seen", 1, SplitSentence::default).shuffle_grouping("s");
         let table = StreamTable::new(&b.build().unwrap());
         let stream = table.metas.iter().find(|m| m.component.as_str() == "s").unwrap().index;
-        let batch = |texts: &[&str]| -> Batch {
+        let batch = move |texts: &[&str]| -> Batch {
             texts
                 .iter()
                 .map(|t| Envelope::Tuple {
@@ -520,8 +582,20 @@ mod tests {
         let (tx, rx) = crate::queue::bounded::<Batch>(16);
         let cell = BoltCell::new(rx, Arc::new(AtomicBool::new(false)));
         *cell.lock().unwrap() = Some(core);
-        let taken = |seen: &Mutex<Vec<String>>| std::mem::take(&mut *seen.lock().unwrap());
         assert_eq!(taken(&seen), ["first"]);
+        (cell, tx, seen, batch)
+    }
+
+    fn taken(seen: &Mutex<Vec<String>>) -> Vec<String> {
+        std::mem::take(&mut *seen.lock().unwrap())
+    }
+
+    /// An upstream thread runs a batch for an executor that is not running: with nothing
+    /// queued from any thread; with up to `TAKE_OVER_QUEUED` queued only from a spout's thread
+    /// (which runs the queued batches first, in order), and never past that.
+    #[test]
+    fn a_spout_thread_takes_a_few_queued_batches_over_in_order() {
+        let (cell, tx, seen, batch) = seen_cell();
 
         // Nothing queued: any thread runs it, and the emptied buffer keeps its capacity.
         let mut mine = batch(&["a"]);
@@ -552,6 +626,41 @@ mod tests {
         assert!(!cell.try_run(&mut mine, 4));
         assert!(taken(&seen).is_empty());
         crate::collector::own_inbox::release();
+    }
+
+    /// A thread that ran dry runs the batches an executor's thread was woken for and has had
+    /// no core to run (`BoltCell::help`), in order; not what a thread that was not parked will
+    /// take, nor while the executor runs elsewhere.
+    #[test]
+    fn a_thread_that_ran_dry_runs_what_a_woken_thread_has_no_core_for() {
+        let (cell, tx, seen, batch) = seen_cell();
+        // Queued while its thread ran (no wake-up): its own thread's to take.
+        tx.send(batch(&["own"])).unwrap();
+        assert!(!cell.help(4));
+        assert!(taken(&seen).is_empty());
+        assert_eq!(cell.inbox.try_recv().map(|b| b.len()), Ok(1), "still queued");
+
+        // Its thread parked, woken by the sends, and not running (this thread, not parked,
+        // stands for one waiting in a run queue).
+        cell.inbox.pretend_waiting(std::thread::current());
+        tx.send(batch(&["w1", "w2"])).unwrap();
+        tx.send(batch(&["w3"])).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !cell.inbox.woken_waiting(HELP_AFTER) {
+            assert!(std::time::Instant::now() < deadline, "woken {HELP_AFTER:?} ago by now");
+            std::thread::yield_now();
+        }
+        {
+            // Run by another thread meanwhile: left alone.
+            let _held = cell.lock().unwrap();
+            assert!(!cell.help(4));
+        }
+        assert!(taken(&seen).is_empty());
+        assert!(cell.help(4));
+        assert_eq!(taken(&seen), ["w1", "w2", "w3"]);
+        assert!(cell.inbox.is_empty());
+        // Nothing left to run.
+        assert!(!cell.help(4));
     }
 
     /// The hand-over stays with the way that costs less per tuple, tries the other every

@@ -486,6 +486,13 @@ fn run_spout(
         em.inline_ok = inline && inbox.is_empty() && own_inbox::is_empty();
         let flush_at = em.flush_paced();
         em.inline_ok = false;
+        // Ran dry (or emitted nothing) and not held back by max pending: about to wait, this
+        // thread first runs what a local bolt executor's thread was woken for and has had no
+        // core to run (`BoltCell::help`). Not under load: a spout that did not run dry, or
+        // waits for verdicts, doing its bolts' work cost word count 4% of its throughput.
+        if inline && !capped && rounds < batch {
+            em.help_stalled();
+        }
         if let Some(acker) = fused.as_mut() {
             acker.flush();
         }

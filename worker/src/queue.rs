@@ -33,6 +33,21 @@ struct Bell {
     /// its unpark (a system call), and a spout woken by acks from two bolts waited on that
     /// lock ~5% of its time at half load.
     owner: AtomicU64,
+    /// When a ring last unparked the receiver ([`mono_ns`]), until the receiver runs again; 0
+    /// while it runs or waits unwoken. A woken thread that has not run for a while waits for a
+    /// core: what it was woken for may be run by a thread that has one (`BoltCell::help`). A
+    /// hint only: a receiver that found the value before parking leaves it set until its next
+    /// wait, and whoever acts on it takes the executor's lock first.
+    woken_at: AtomicU64,
+}
+
+/// Nanoseconds on the monotonic clock since the first call in this process, at least 1 (0
+/// means "not woken" in [`Bell::woken_at`]). Read only on a ring that unparks (a system call
+/// anyway) and by a thread deciding whether to help.
+fn mono_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    (epoch.elapsed().as_nanos() as u64).max(1)
 }
 
 /// This thread's id as a queue's waiter: unique in the process, never 0.
@@ -45,6 +60,14 @@ fn waiter_id() -> u64 {
 }
 
 impl Bell {
+    /// The receiver runs: it is no longer a woken thread waiting for a core.
+    #[inline]
+    fn running(&self) {
+        if self.woken_at.load(Ordering::Relaxed) != 0 {
+            self.woken_at.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Wakes the receiver if it waits. Called after a value was put in the channel: the fence
     /// pairs with the receiver's (one of the two sees the other's write), so a receiver that
     /// found the channel empty is either unparked here or finds the value when it looks again.
@@ -53,6 +76,7 @@ impl Bell {
         if self.waiting.load(Ordering::Relaxed) && self.waiting.swap(false, Ordering::AcqRel) {
             let thread = self.thread.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(t) = thread.as_ref() {
+                self.woken_at.store(mono_ns(), Ordering::Relaxed);
                 t.unpark();
             }
         }
@@ -141,6 +165,22 @@ impl<T> QueueReceiver<T> {
         self.rx.is_empty()
     }
 
+    /// Whether a sender woke this queue's receiver at least `for_at_least` ago and it has not
+    /// run since: its thread waits in a run queue for a core.
+    pub(crate) fn woken_waiting(&self, for_at_least: Duration) -> bool {
+        let at = self.bell.woken_at.load(Ordering::Relaxed);
+        at != 0 && mono_ns().saturating_sub(at) >= for_at_least.as_nanos() as u64
+    }
+
+    /// For tests: says `thread` waits on this queue, as a receiver about to park does, so that
+    /// the next send unparks it (a thread blocked elsewhere stays blocked: woken, not running).
+    #[cfg(test)]
+    pub(crate) fn pretend_waiting(&self, thread: Thread) {
+        *self.bell.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(thread);
+        self.bell.owner.store(u64::MAX, Ordering::Relaxed);
+        self.bell.waiting.store(true, Ordering::SeqCst);
+    }
+
     /// How many values are queued now.
     pub(crate) fn len(&self) -> usize {
         self.rx.len()
@@ -199,9 +239,11 @@ impl<T> QueueReceiver<T> {
             let now = Instant::now();
             if found.is_some() || now >= deadline {
                 self.bell.waiting.store(false, Ordering::Relaxed);
+                self.bell.running();
                 return found;
             }
             std::thread::park_timeout(deadline - now);
+            self.bell.running();
         }
     }
 
@@ -305,6 +347,27 @@ mod tests {
             tx.send(i).expect("the waiter receives");
             rx = waiter.join().expect("waiter");
         }
+    }
+
+    /// A ring that unparks the receiver marks it woken until it runs: seen after the wake-up
+    /// (not before), and not once the receiver waited again; a send while nobody waits marks
+    /// nothing.
+    #[test]
+    fn a_receiver_woken_and_not_yet_running_is_seen_waiting() {
+        let (tx, rx) = bounded::<u32>(4);
+        tx.send(1).expect("room");
+        assert!(!rx.woken_waiting(Duration::ZERO), "nobody waited: no wake-up");
+        assert_eq!(rx.try_recv(), Ok(1));
+        // This thread says it waits (and does not park: it stands for one woken, not running).
+        rx.pretend_waiting(std::thread::current());
+        assert!(!rx.woken_waiting(Duration::ZERO));
+        tx.send(2).expect("room");
+        assert!(rx.woken_waiting(Duration::ZERO));
+        assert!(!rx.woken_waiting(Duration::from_secs(3600)), "woken just now");
+        assert_eq!(rx.try_recv(), Ok(2));
+        // The receiver waits again (it ran): no longer a woken thread without a core.
+        assert!(!rx.wait_timeout(Duration::from_millis(5)));
+        assert!(!rx.woken_waiting(Duration::ZERO));
     }
 
     /// A receive on an empty queue times out after its timeout, and one whose last sender
