@@ -20,7 +20,10 @@
 //! spout's thread running the whole tree), so every invocation shows beside Squall's tail what
 //! this machine allowed such pipelines in the same minutes (`SQUALL_BENCH_FLOOR=0` skips both).
 //! `SQUALL_BENCH_TIMELINE=1` prints, for each latency run, what each backlog of sentences in flight
-//! began with (`wordcount/timeline.rs`). Not a timed test.
+//! began with (`wordcount/timeline.rs`). `SQUALL_BENCH_NOISE=<burst ms>/<period ms>` runs a
+//! neighbour process beside the latency runs that spins `burst` every `period` (`3/30`: a tenth
+//! of a core in bursts like a `kdamond` scan's), to see the tail when the host is not quiet.
+//! Not a timed test.
 //!
 //! Then the same with two worker processes (this binary re-executed as children, connected
 //! over loopback TCP): spout, split and acker in one, count in the other, so every word crosses
@@ -318,6 +321,51 @@ fn probed_window(secs: u64, counted: impl Fn() -> u64, per_thread: bool) -> Run 
     run
 }
 
+/// Child mode `--noise <burst ms> <period ms>`: a neighbour process that spins `burst` on a
+/// core, then sleeps `period`, over and over, as the host's other work does (a `kdamond` scan
+/// holds a core 1-4 ms; another tenant's burst): it stops when its stdin closes (the bench
+/// ended, or died) and after 30 minutes at most.
+fn noise(args: &[String]) -> Option<()> {
+    let ms = |i: usize| -> Option<Duration> {
+        let v: f64 = args.get(i)?.parse().ok()?;
+        (v.is_finite() && v >= 0.0).then(|| Duration::from_secs_f64(v / 1000.0))
+    };
+    let (burst, period) = (ms(0)?, ms(1)?);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d = done.clone();
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        d.store(true, Ordering::Relaxed);
+    });
+    let end = Instant::now() + Duration::from_secs(1800);
+    while !done.load(Ordering::Relaxed) && Instant::now() < end {
+        let t = Instant::now();
+        while t.elapsed() < burst {
+            std::hint::spin_loop();
+        }
+        std::thread::sleep(period);
+    }
+    Some(())
+}
+
+/// `SQUALL_BENCH_NOISE=<burst ms>/<period ms>` (e.g. `3/30`, a tenth of a core): a neighbour
+/// process ([`noise`]) runs beside the latency runs; `None` without the variable.
+fn start_noise() -> Option<(Child, String)> {
+    let spec = std::env::var("SQUALL_BENCH_NOISE").ok()?;
+    let Some((burst, period)) = spec.split_once('/') else {
+        eprintln!("SQUALL_BENCH_NOISE={spec:?}: expected <burst ms>/<period ms>, e.g. 3/30");
+        std::process::exit(2);
+    };
+    let exe = std::env::current_exe().ok()?;
+    match Command::new(exe).args(["--noise", burst, period]).stdin(Stdio::piped()).spawn() {
+        Ok(child) => Some((child, format!("{burst} ms of CPU every {period} ms"))),
+        Err(e) => {
+            eprintln!("SQUALL_BENCH_NOISE: could not start the neighbour process: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
 /// Child mode: `--child <a|b> <port a> <port b> <items> <acking 0|1> <wc|hop> <plain|tls>`.
 fn child(args: &[String]) -> Option<()> {
     let role = args.first()?.as_str();
@@ -451,6 +499,13 @@ fn hop_report(acking: bool, runs: &[Run]) {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(i) = args.iter().position(|a| a == "--noise") {
+        if noise(&args[i + 1..]).is_none() {
+            eprintln!("--noise <burst ms> <period ms>: two numbers");
+            std::process::exit(2);
+        }
+        return;
+    }
     if let Some(i) = args.iter().position(|a| a == "--child") {
         if child(&args[i + 1..]).is_none() {
             std::process::exit(2);
@@ -557,6 +612,10 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
         let with_floor = env_or("SQUALL_BENCH_FLOOR", 1) != 0;
         let within = Duration::from_micros(env_or("SQUALL_BENCH_BOUNDED", 500));
         let bound = (!within.is_zero()).then(|| pending_for(rate, within));
+        let neighbour = start_noise();
+        if let Some((_, what)) = &neighbour {
+            println!("a neighbour process spins {what} beside the latency runs (SQUALL_BENCH_NOISE)");
+        }
         let (mut runs, mut bounded, mut floors, mut one_floors) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..6 {
@@ -588,6 +647,10 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
                 median(bounded.iter().map(Run::per_s).collect()),
                 latency_summary(&bounded)
             );
+        }
+        if let Some((mut child, _)) = neighbour {
+            let _ = child.kill();
+            let _ = child.wait();
         }
         print_floor(
             "floor",
