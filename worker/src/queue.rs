@@ -36,8 +36,9 @@ struct Bell {
     /// When a ring last unparked the receiver ([`mono_ns`]), until the receiver runs again; 0
     /// while it runs or waits unwoken. A woken thread that has not run for a while waits for a
     /// core: what it was woken for may be run by a thread that has one (`BoltCell::help`). A
-    /// hint only: a receiver that found the value before parking leaves it set until its next
-    /// wait, and whoever acts on it takes the executor's lock first.
+    /// hint only: a ring that raced the receiver's last look (it found the value and did not
+    /// park) leaves it set until the receiver's next receive, and whoever acts on it takes the
+    /// executor's lock first.
     woken_at: AtomicU64,
 }
 
@@ -196,7 +197,12 @@ impl<T> QueueReceiver<T> {
     /// rings.
     pub(crate) fn recv_timeout(&self, timeout: Duration) -> Result<T, RecvTimeoutError> {
         match self.rx.try_recv() {
-            Ok(v) => return Ok(v),
+            Ok(v) => {
+                // Running without a wait (a stamp left by a ring that raced its last look is
+                // stale now).
+                self.bell.running();
+                return Ok(v);
+            }
             Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
             Err(TryRecvError::Empty) => {}
         }
@@ -217,6 +223,7 @@ impl<T> QueueReceiver<T> {
     /// other means, and takes the disconnection from `try_recv`).
     pub(crate) fn wait_timeout(&self, timeout: Duration) -> bool {
         if !self.rx.is_empty() {
+            self.bell.running();
             return true;
         }
         self.park_until(timeout, || (!self.rx.is_empty()).then_some(())).is_some()
