@@ -600,15 +600,11 @@ impl Emitter {
 
     /// Runs the queued batches of local bolt executors whose threads were woken for them and
     /// still wait for a core (`BoltCell::help`): for a spout executor's thread that ran dry
-    /// and would wait otherwise. Says whether it ran any.
-    pub(crate) fn help_stalled(&self) -> bool {
-        let mut any = false;
-        for cell in self.routes.cells.iter().flatten() {
-            if let Some(cell) = cell.upgrade() {
-                any |= cell.help(self.batch_size);
-            }
+    /// and would wait otherwise.
+    pub(crate) fn help_stalled(&self) {
+        for cell in self.routes.cells.iter().flatten().filter_map(Weak::upgrade) {
+            cell.help(self.batch_size);
         }
-        any
     }
 
     /// Notes which batches are open, for the next `hand_over_partial`.
