@@ -326,11 +326,7 @@ fn probed_window(secs: u64, counted: impl Fn() -> u64, per_thread: bool) -> Run 
 /// holds a core 1-4 ms; another tenant's burst): it stops when its stdin closes (the bench
 /// ended, or died) and after 30 minutes at most.
 fn noise(args: &[String]) -> Option<()> {
-    let ms = |i: usize| -> Option<Duration> {
-        let v: f64 = args.get(i)?.parse().ok()?;
-        (v.is_finite() && v >= 0.0).then(|| Duration::from_secs_f64(v / 1000.0))
-    };
-    let (burst, period) = (ms(0)?, ms(1)?);
+    let (burst, period) = (noise_ms(args.first()?)?, noise_ms(args.get(1)?)?);
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let d = done.clone();
     std::thread::spawn(move || {
@@ -348,12 +344,22 @@ fn noise(args: &[String]) -> Option<()> {
     Some(())
 }
 
+/// A neighbour's burst or period: milliseconds, a finite number not below 0.
+fn noise_ms(text: &str) -> Option<Duration> {
+    let v: f64 = text.parse().ok()?;
+    (v.is_finite() && v >= 0.0).then(|| Duration::from_secs_f64(v / 1000.0))
+}
+
 /// `SQUALL_BENCH_NOISE=<burst ms>/<period ms>` (e.g. `3/30`, a tenth of a core): a neighbour
 /// process ([`noise`]) runs beside the latency runs; `None` without the variable.
 fn start_noise() -> Option<(Child, String)> {
     let spec = std::env::var("SQUALL_BENCH_NOISE").ok()?;
-    let Some((burst, period)) = spec.split_once('/') else {
-        eprintln!("SQUALL_BENCH_NOISE={spec:?}: expected <burst ms>/<period ms>, e.g. 3/30");
+    let Some((burst, period)) =
+        spec.split_once('/').filter(|(b, p)| noise_ms(b).is_some() && noise_ms(p).is_some())
+    else {
+        eprintln!(
+            "SQUALL_BENCH_NOISE={spec:?}: expected <burst ms>/<period ms>, two numbers not below 0, e.g. 3/30"
+        );
         std::process::exit(2);
     };
     let exe = std::env::current_exe().ok()?;
