@@ -19,6 +19,8 @@ pub struct SpoutMetrics {
     pub(crate) given_back: IntCounterVec,
     /// Offsets a fetch passed over between two messages of a partition.
     pub(crate) skipped: IntCounterVec,
+    /// Seeks back sought again because the fetch resumed past them.
+    pub(crate) seeks_repeated: IntCounterVec,
     pub(crate) committed_offset: IntGaugeVec,
     pub(crate) log_end_offset: IntGaugeVec,
     pub(crate) lag: IntGaugeVec,
@@ -113,6 +115,12 @@ impl SpoutMetrics {
                 registry,
                 "squall_spout_offsets_skipped_total",
                 "Offsets the fetch passed over between two messages of the partition: compacted away, transaction markers, or missing from the broker's log; the spout commits past them",
+                TP,
+            )?,
+            seeks_repeated: counter(
+                registry,
+                "squall_spout_seeks_repeated_total",
+                "Seeks back after a fetch given back (the ownership lease had run out) that the fetch resumed past (librdkafka dropped the asynchronous seek): the partition was sought again before anything more was emitted from it, 3 times in a row at most",
                 TP,
             )?,
             committed_offset: gauge(

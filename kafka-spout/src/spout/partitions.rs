@@ -33,6 +33,12 @@ pub(super) struct PartState {
     /// during the call: librdkafka's fetch position must go back to this offset (a seek)
     /// before anything more is emitted from it, or those messages would be skipped.
     pub(super) rewind_to: Option<i64>,
+    /// Where the partition's next message must be after a batch of it was given back (the
+    /// batch's first offset: a message was fetched there), and how many times the seek back
+    /// was repeated. librdkafka's seek without a timeout is asynchronous and reports nothing
+    /// when it is dropped (a partition not fetching at that moment, say): a next message past
+    /// this offset means it was, and the partition seeks again ([`PartState::seek_again`]).
+    pub(super) sought_to: Option<(i64, u8)>,
     /// The offset an out-of-range answer came at, and how many times in a row it was fetched
     /// again instead of taking librdkafka's reset ([`PartState::refetch_instead_of_reset`]).
     pub(super) refetched: Option<(i64, u8)>,
@@ -51,11 +57,15 @@ pub(super) struct PartState {
     pub(super) out_of_range: IntCounter,
     pub(super) given_back: IntCounter,
     pub(super) skipped: IntCounter,
+    pub(super) seeks_repeated: IntCounter,
 }
 
 /// How many times in a row an out-of-range answer at one offset that the broker has just served
 /// is fetched again before librdkafka's `auto.offset.reset` position is taken.
 pub(super) const REFETCHES: u8 = 3;
+
+/// How many times in a row a seek back that the fetch resumed past is sought again.
+pub(super) const SEEKS_AGAIN: u8 = 3;
 
 impl PartState {
     /// librdkafka moved the fetch position back, before `next`, after the broker answered a
@@ -81,6 +91,22 @@ impl PartState {
         self.refetched = Some((next, attempt));
         self.rewind_to = Some(self.rewind_to.map_or(next, |o| o.min(next)));
         Some(attempt)
+    }
+
+    /// The partition's next message came at `offset` after a batch was given back: whether it
+    /// is dropped because the seek back did not take effect (the fetch resumed past offsets it
+    /// had fetched). Then the partition is marked to seek back again (`rewind_to`), up to
+    /// [`SEEKS_AGAIN`] times in a row; after that the fetch is taken where it is, and what it
+    /// passed over is counted as skipped (a log truncated meanwhile looks the same).
+    pub(super) fn seek_again(&mut self, offset: i64) -> bool {
+        let Some((to, times)) = self.sought_to.take() else { return false };
+        if offset <= to || times >= SEEKS_AGAIN {
+            return false;
+        }
+        self.sought_to = Some((to, times + 1));
+        self.rewind_to = Some(self.rewind_to.map_or(to, |o| o.min(to)));
+        self.seeks_repeated.inc();
+        true
     }
 
     /// Adds what was emitted since the last report to the `emitted` counter.
@@ -218,6 +244,7 @@ impl TaskState {
             started: start.is_some(),
             emitting: true,
             rewind_to: None,
+            sought_to: None,
             refetched: None,
             offsets: PartitionOffsets::new(start.unwrap_or(0)),
             topic_value: Value::from(tp.topic.as_str()),
@@ -232,6 +259,7 @@ impl TaskState {
             out_of_range: metrics.out_of_range.with_label_values(&labels),
             given_back: metrics.given_back.with_label_values(&labels),
             skipped: metrics.skipped.with_label_values(&labels),
+            seeks_repeated: metrics.seeks_repeated.with_label_values(&labels),
             tp,
         };
         self.slots.entry(part.tp.topic.to_string()).or_default().insert(part.tp.partition.get(), slot);
