@@ -282,7 +282,7 @@ fn give_back(batch: &Batch<'_>, state: &mut TaskState) {
         }
         if part.emitting {
             let offset = message.offset();
-            part.rewind_to = Some(part.rewind_to.map_or(offset, |o| o.min(offset)));
+            part.rewind_to_at_most(offset);
             // A message was fetched there: the partition's next one must be there again.
             part.sought_to = Some(part.sought_to.map_or((offset, 0), |(o, n)| (o.min(offset), n)));
             state.rewinds_pending = true;

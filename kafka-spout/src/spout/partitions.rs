@@ -89,8 +89,14 @@ impl PartState {
             return None;
         }
         self.refetched = Some((next, attempt));
-        self.rewind_to = Some(self.rewind_to.map_or(next, |o| o.min(next)));
+        self.rewind_to_at_most(next);
         Some(attempt)
+    }
+
+    /// Marks the partition to seek back to `offset` before anything more is emitted from it,
+    /// or to where it is marked already if that is earlier.
+    pub(super) fn rewind_to_at_most(&mut self, offset: i64) {
+        self.rewind_to = Some(self.rewind_to.map_or(offset, |o| o.min(offset)));
     }
 
     /// The partition's next message came at `offset` after a batch was given back: whether it
@@ -104,7 +110,7 @@ impl PartState {
             return false;
         }
         self.sought_to = Some((to, times + 1));
-        self.rewind_to = Some(self.rewind_to.map_or(to, |o| o.min(to)));
+        self.rewind_to_at_most(to);
         self.seeks_repeated.inc();
         true
     }
