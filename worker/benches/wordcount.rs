@@ -23,6 +23,10 @@
 //! began with (`wordcount/timeline.rs`). `SQUALL_BENCH_NOISE=<burst ms>/<period ms>` runs a
 //! neighbour process beside the latency runs that spins `burst` every `period` (`3/30`: a tenth
 //! of a core in bursts like a `kdamond` scan's), to see the tail when the host is not quiet.
+//! The latency runs set `squall.worker.cpu.latency.us` to 0 (idle CPUs poll instead of halting,
+//! see `worker::cpu_latency`), and the floors run with the same request held: the machine as a
+//! latency-minded operator sets it up. `CPU_LATENCY_US=<us>` asks for another value, `off` leaves
+//! the machine's setting. The throughput runs (and so the half-load rate) never set it.
 //! Not a timed test.
 //!
 //! Then the same with two worker processes (this binary re-executed as children, connected
@@ -168,8 +172,22 @@ fn pending_for(rate: f64, within: Duration) -> u32 {
     (rate * within.as_secs_f64()).ceil().clamp(1.0, f64::from(u32::MAX)) as u32
 }
 
+/// `CPU_LATENCY_US=<us>`: `squall.worker.cpu.latency.us` of the latency runs (rate-limited),
+/// also held through the floor runs beside them; default 0 (idle CPUs poll), `off` leaves the
+/// machine's setting. The throughput runs, and so the half-load rate, never set it.
+fn cpu_latency_us() -> Option<u32> {
+    match std::env::var("CPU_LATENCY_US") {
+        Ok(v) if v == "off" => None,
+        Ok(v) => Some(v.parse().unwrap_or_else(|_| {
+            eprintln!("CPU_LATENCY_US={v}: not a number of microseconds, nor off");
+            std::process::exit(2);
+        })),
+        Err(_) => Some(0),
+    }
+}
+
 /// The word count; `pending` is its `topology.max.spout.pending` with acking on (default
-/// [`max_pending`]).
+/// [`max_pending`]); a rate-limited one (a latency run) sets [`cpu_latency_us`].
 fn topology(acking: bool, count: Option<u64>, rate: Option<f64>, pending: Option<u32>) -> worker::Topology {
     let config = TopologyConfig {
         acker_executors: Some(u32::from(acking)),
@@ -177,6 +195,7 @@ fn topology(acking: bool, count: Option<u64>, rate: Option<f64>, pending: Option
         producer_batch_size: batch_size(),
         batch_flush_interval_us: flush_us(),
         inline_downstream: inline_downstream(),
+        cpu_latency_us: rate.and_then(|_| cpu_latency_us()),
         ..TopologyConfig::default()
     };
     let mut b = TopologyBuilder::new("wordcount");
@@ -291,6 +310,8 @@ fn latency_run(rate: f64, secs: u64, pending: Option<u32>) -> Option<Run> {
 /// A bare pipeline of `floor` (`shape`) at `rate`, measured like [`latency_run`]: a second
 /// of warm-up, then `secs` with the hiccup probe beside it.
 fn floor_run(shape: floor::Shape, rate: f64, secs: u64) -> Option<Run> {
+    // The machine as the latency runs have it.
+    let _held = cpu_latency_us().and_then(|us| worker::cpu_latency::CpuLatencyRequest::hold(us).ok());
     let running = floor::start(shape, rate, Duration::from_secs(1), Duration::from_secs(secs))?;
     std::thread::sleep(Duration::from_secs(1));
     // The floor counts its own sentences (those sent in the window and acked by its end).
@@ -618,6 +639,15 @@ fn one_process(items: u64, part: &dyn Fn(&str) -> bool) {
         let with_floor = env_or("SQUALL_BENCH_FLOOR", 1) != 0;
         let within = Duration::from_micros(env_or("SQUALL_BENCH_BOUNDED", 500));
         let bound = (!within.is_zero()).then(|| pending_for(rate, within));
+        match cpu_latency_us() {
+            Some(us) => match worker::cpu_latency::CpuLatencyRequest::hold(us) {
+                Ok(_) => println!(
+                    "latency runs with squall.worker.cpu.latency.us {us} (held by each run's worker; the floors run with the same request; CPU_LATENCY_US=off leaves the machine's setting)"
+                ),
+                Err(e) => println!("latency runs without squall.worker.cpu.latency.us: {e}"),
+            },
+            None => println!("latency runs with the machine's CPU wake-up latency (CPU_LATENCY_US=off)"),
+        }
         let neighbour = start_noise();
         if let Some((_, what)) = &neighbour {
             println!("a neighbour process spins {what} beside the latency runs (SQUALL_BENCH_NOISE)");

@@ -58,6 +58,7 @@ pub mod cli;
 pub mod collector;
 pub mod component;
 pub mod config;
+pub mod cpu_latency;
 pub mod error;
 mod executor;
 pub mod flux;

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::acker::AckMsg;
 use crate::bolt_cell::BoltCell;
 use crate::collector::{Batch, Envelope, ErrorReport, ErrorSender, Routes, SharedRoutes};
+use crate::cpu_latency::CpuLatencyRequest;
 use crate::error::Result;
 use crate::executor::{self, ExecutorInbox, RunningExecutor, Shared, StreamTable};
 use crate::layout::TaskLayout;
@@ -41,6 +42,9 @@ pub struct WorkerRuntime {
     /// The bolt executor of each local task that upstream threads may run inline (routes
     /// rebuilt by `set_remote` keep them; its thread owns it).
     cells: BTreeMap<TaskId, Weak<BoltCell>>,
+    /// `squall.worker.cpu.latency.us`, held while this runtime lives (`None`: not set, or the
+    /// kernel refused it; a warning said so).
+    cpu_latency: Option<CpuLatencyRequest>,
 }
 
 /// An executor to start: id, component, its worker's tasks, its inbox.
@@ -139,6 +143,7 @@ impl WorkerRuntime {
             layout: parts.layout,
             inboxes,
             cells,
+            cpu_latency: crate::cpu_latency::hold_configured(parts.topology.config().cpu_latency_us),
         };
         // Calibrated (~1 ms, at most 200 ms on a stalled host) before any executor runs, not
         // on the first bolt's thread while spouts already emit.
@@ -153,6 +158,12 @@ impl WorkerRuntime {
             }
         }
         Ok(runtime)
+    }
+
+    /// The CPU wake-up latency this worker holds a request for (`squall.worker.cpu.latency.us`),
+    /// in microseconds; `None` when the key is not set or the kernel refused the request.
+    pub fn cpu_latency_us(&self) -> Option<u32> {
+        self.cpu_latency.as_ref().map(CpuLatencyRequest::us)
     }
 
     /// Replaces where tasks of other workers are sent (after an assignment change).

@@ -160,6 +160,18 @@ fn bad_files_name_the_element_and_line() {
             vec!["squall.spout.linger.us", "at most 1000000 (1 s)"],
         ),
         (
+            "  topology.max.spout.pending: 1000",
+            "  topology.max.spout.pending: 1000\n  squall.worker.cpu.latency.us: 2000000",
+            |e| matches!(e, Error::BadConfig { .. }),
+            vec!["squall.worker.cpu.latency.us", "at most 1000000 (1 s)"],
+        ),
+        (
+            "  topology.max.spout.pending: 1000",
+            "  topology.max.spout.pending: 1000\n  squall.worker.cpu.latency.us: -1",
+            |e| matches!(e, Error::Yaml { .. }),
+            vec!["squall.worker.cpu.latency.us"],
+        ),
+        (
             "params: {rate_per_sec: 1000, count: 100}",
             "params: {rate: 1000}",
             |e| matches!(e, Error::BadParams { .. }),

@@ -1050,3 +1050,35 @@ fn a_spout_that_cannot_open_leaves_its_executor_known_dead_and_the_others_runnin
     assert!(!asked.load(Ordering::Relaxed), "a spout that did not open was never asked for tuples");
     cluster.shutdown(Duration::from_secs(1));
 }
+
+/// A topology that sets `squall.worker.cpu.latency.us` runs either way: where the kernel
+/// offers the device to this user, its worker holds the request while it runs (the device
+/// reads at most the value); elsewhere it runs without it (a warning says why).
+#[test]
+fn a_worker_holds_its_cpu_latency_request_while_it_runs() {
+    let rec = Arc::new(Mutex::new(SpoutRecord::default()));
+    let n = 200u64;
+    let mut b = TopologyBuilder::new("cpu-latency");
+    b.config(config(|c| c.cpu_latency_us = Some(7)));
+    let r = rec.clone();
+    b.set_spout("spout", 1, move || TestSpout::new(n, &r));
+    b.set_bolt("sink", 1, || Recorder { seen: Seen::default() }).shuffle_grouping("spout");
+    let offered = worker::cpu_latency::CpuLatencyRequest::hold(100).is_ok();
+    let cluster = LocalCluster::start(b.build().unwrap()).unwrap();
+    wait_for(Duration::from_secs(30), "every tuple tree acked", || acked(&rec) == n as usize);
+    if offered {
+        assert_eq!(cluster.runtime().cpu_latency_us(), Some(7));
+        let mut current = [0u8; 4];
+        std::io::Read::read_exact(
+            &mut std::fs::File::open(worker::cpu_latency::DEVICE).unwrap(),
+            &mut current,
+        )
+        .unwrap();
+        let current = i32::from_ne_bytes(current);
+        assert!((0..=7).contains(&current), "the device reads {current} while the worker holds 7");
+    } else {
+        eprintln!("this user may not write {}: the worker ran without it", worker::cpu_latency::DEVICE);
+        assert_eq!(cluster.runtime().cpu_latency_us(), None);
+    }
+    cluster.shutdown(Duration::from_secs(1));
+}
