@@ -7,6 +7,13 @@
 //! through a channel, and each report wakes the executor ([`Bolt::waker`]), which applies
 //! them in [`Bolt::poll`] at once: the last writes of a burst are acked as soon as the broker
 //! answered, not at the next input. (They waited for a tick tuple, up to a second, before.)
+//!
+//! A producer that hit a fatal error (librdkafka's word: an idempotent producer whose state
+//! with the broker it can no longer reason about, a write lost under
+//! `enable.gapless.guarantee`) refuses every write from then on. The bolt fails the inputs
+//! whose writes were in flight (the spout replays them) and starts a new producer. Before, it
+//! failed every input from then on, and the topology replayed the same tuples into a dead
+//! producer until it was restarted.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -65,11 +72,30 @@ impl std::fmt::Debug for KafkaBolt {
 
 struct Running {
     producer: ThreadedProducer<DeliveryContext>,
-    reports: Receiver<(usize, Result<(), KafkaError>)>,
+    reports: Reports,
     in_flight: HashMap<usize, Tuple>,
     next_write: usize,
     written: IntCounter,
     errors: IntCounter,
+    restarts: IntCounter,
+}
+
+/// Where a producer's delivery reports come: (write number, outcome).
+type Reports = Receiver<(usize, Result<(), KafkaError>)>;
+
+/// A producer whose delivery reports come to the returned receiver and wake the executor
+/// through `wake`.
+fn start_producer(
+    config: &KafkaBoltConfig,
+    wake: &crossbeam_channel::Sender<()>,
+) -> Result<(ThreadedProducer<DeliveryContext>, Reports), Error> {
+    let (tx, reports) = channel();
+    let context = DeliveryContext { reports: std::sync::Mutex::new(tx), wake: wake.clone() };
+    let producer = config
+        .producer_config()
+        .create_with_context(context)
+        .map_err(|source| Error::Client { context: "creating the producer", source })?;
+    Ok((producer, reports))
 }
 
 impl KafkaBolt {
@@ -90,6 +116,32 @@ fn bytes(value: &Value) -> Option<Vec<u8>> {
 }
 
 impl Running {
+    /// After a fatal error of the producer (if it has one): fails every input whose write was
+    /// in flight (its outcome is unknown; the spout replays it) and replaces the producer with
+    /// a new one. Says whether it did; an error when no new producer could be made.
+    fn restart_if_fatal(
+        &mut self,
+        config: &KafkaBoltConfig,
+        wake: &crossbeam_channel::Sender<()>,
+        out: &mut BoltCollector<'_>,
+    ) -> Result<bool, Error> {
+        let Some((code, reason)) = self.producer.client().fatal_error() else { return Ok(false) };
+        tracing::error!(topic = %config.topic, ?code, %reason, in_flight = self.in_flight.len(), "the Kafka producer hit a fatal error: failing the writes in flight (they replay) and starting a new producer");
+        out.report_error(format!(
+            "kafka producer: fatal error {code:?}: {reason}; its writes in flight replay, a new producer takes over"
+        ));
+        for (_, input) in self.in_flight.drain() {
+            self.errors.inc();
+            out.fail(&input);
+        }
+        let (producer, reports) = start_producer(config, wake)?;
+        // The old producer's reports (of the writes just failed) go with its channel.
+        drop(std::mem::replace(&mut self.producer, producer));
+        self.reports = reports;
+        self.restarts.inc();
+        Ok(true)
+    }
+
     /// Acks or fails the inputs whose writes were answered; with `wait`, blocks (bounded) for
     /// at least one answer.
     fn apply_reports(&mut self, out: &mut BoltCollector<'_>, wait: Option<Duration>) {
@@ -114,13 +166,7 @@ impl Running {
 
 impl Bolt for KafkaBolt {
     fn prepare(&mut self, context: &TopologyContext) -> Result<(), ComponentError> {
-        let (tx, reports) = channel();
-        let context_ = DeliveryContext { reports: std::sync::Mutex::new(tx), wake: self.wake_tx.clone() };
-        let producer = self
-            .config
-            .producer_config()
-            .create_with_context(context_)
-            .map_err(|source| Error::Client { context: "creating the producer", source })?;
+        let (producer, reports) = start_producer(&self.config, &self.wake_tx)?;
         let labels = [context.component_id.as_str(), self.config.topic.as_str()];
         self.running = Some(Running {
             producer,
@@ -129,6 +175,7 @@ impl Bolt for KafkaBolt {
             next_write: 0,
             written: self.metrics.written.with_label_values(&labels),
             errors: self.metrics.write_errors.with_label_values(&labels),
+            restarts: self.metrics.producer_restarts.with_label_values(&labels),
         });
         Ok(())
     }
@@ -164,6 +211,7 @@ impl Bolt for KafkaBolt {
         if let Some(p) = payload.as_deref() {
             record = record.payload(p);
         }
+        let mut restarted = false;
         loop {
             match r.producer.send(record) {
                 Ok(()) => break,
@@ -172,7 +220,13 @@ impl Bolt for KafkaBolt {
                     record = back;
                     r.apply_reports(out, Some(Duration::from_millis(100)));
                 }
-                Err((source, _)) => {
+                // Refused for a fatal error: once more, with a new producer.
+                Err((source, back)) => {
+                    if !restarted && r.restart_if_fatal(&self.config, &self.wake_tx, out)? {
+                        restarted = true;
+                        record = back;
+                        continue;
+                    }
                     return Err(Box::new(Error::Produce { topic: self.config.topic.clone(), source }));
                 }
             }
@@ -183,9 +237,15 @@ impl Bolt for KafkaBolt {
 
     /// Applies the delivery reports that woke the executor (or that arrived since its last
     /// pass: it polls at least every 50 ms).
+    ///
+    /// A fatal error is looked for here too, so that a bolt whose inputs stopped (all failed,
+    /// their replays not here yet) has a working producer when they come.
     fn poll(&mut self, out: &mut BoltCollector<'_>) {
         if let Some(r) = &mut self.running {
             r.apply_reports(out, None);
+            if let Err(e) = r.restart_if_fatal(&self.config, &self.wake_tx, out) {
+                out.report_error(format!("kafka producer: {e}"));
+            }
         }
     }
 

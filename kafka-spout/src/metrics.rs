@@ -37,6 +37,7 @@ pub struct SpoutMetrics {
 pub struct BoltMetrics {
     pub(crate) written: IntCounterVec,
     pub(crate) write_errors: IntCounterVec,
+    pub(crate) producer_restarts: IntCounterVec,
 }
 
 const TP: &[&str] = &["component", "topic", "partition"];
@@ -170,6 +171,12 @@ impl BoltMetrics {
                 registry,
                 "squall_kafka_bolt_write_errors_total",
                 "Writes the broker refused or that timed out (the input tuple is failed)",
+                &["component", "topic"],
+            )?,
+            producer_restarts: counter(
+                registry,
+                "squall_kafka_bolt_producer_restarts_total",
+                "Producers replaced after a fatal error (their writes in flight were failed, to replay)",
                 &["component", "topic"],
             )?,
         })

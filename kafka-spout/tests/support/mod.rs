@@ -46,6 +46,15 @@ impl MockKafka {
         self.cluster.request_errors(RDKafkaApiKey::OffsetCommit, &errors);
     }
 
+    /// The next `n` produce requests are answered "out of order sequence number", as a broker
+    /// that lost an idempotent producer's earlier write answers the next one: fatal to a
+    /// producer with `enable.gapless.guarantee`.
+    pub fn answer_produces_out_of_order(&self, n: usize) {
+        use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+        let errors = vec![RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER; n];
+        self.cluster.request_errors(RDKafkaApiKey::Produce, &errors);
+    }
+
     /// Offset commits are answered again.
     pub fn accept_offset_commits(&self) {
         self.cluster.clear_request_errors(rdkafka::types::RDKafkaApiKey::OffsetCommit);
