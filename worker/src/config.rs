@@ -202,20 +202,25 @@ impl TopologyConfig {
         if let Some(t) = self.tick_tuple_freq_secs {
             positive("topology.tick.tuple.freq.secs", t)?;
         }
-        // Both default to 100 us.
-        let at_most_a_second = |key: &'static str, us: u64| {
+        // `default` completes the error: what the key is when it is not set.
+        let at_most_a_second = |key: &'static str, us: u64, default: &str| {
             if us > MAX_FLUSH_INTERVAL_US {
-                let reason = format!("must be at most {MAX_FLUSH_INTERVAL_US} (1 s); 100 is the default");
+                let reason = format!("must be at most {MAX_FLUSH_INTERVAL_US} (1 s); {default}");
                 Err(Error::BadConfig { key, reason })
             } else {
                 Ok(())
             }
         };
-        at_most_a_second("squall.batch.flush.interval.us", self.batch_flush_interval_us)?;
-        at_most_a_second("squall.spout.wait.short.us", self.spout_wait_short_us)?;
-        at_most_a_second("squall.spout.linger.us", self.spout_linger_us)?;
+        at_most_a_second(
+            "squall.batch.flush.interval.us",
+            self.batch_flush_interval_us,
+            "100 is the default",
+        )?;
+        at_most_a_second("squall.spout.wait.short.us", self.spout_wait_short_us, "100 is the default")?;
+        at_most_a_second("squall.spout.linger.us", self.spout_linger_us, "10 is the default")?;
         if let Some(us) = self.cpu_latency_us {
-            at_most_a_second("squall.worker.cpu.latency.us", u64::from(us))?;
+            let default = "unset (null) leaves the machine's setting; 0 keeps idle CPUs polling";
+            at_most_a_second("squall.worker.cpu.latency.us", u64::from(us), default)?;
         }
         if self.producer_batch_size > self.executor_receive_buffer_size {
             return Err(Error::BadConfig {

@@ -157,13 +157,13 @@ fn bad_files_name_the_element_and_line() {
             "  topology.max.spout.pending: 1000",
             "  topology.max.spout.pending: 1000\n  squall.spout.linger.us: 1000001",
             |e| matches!(e, Error::BadConfig { .. }),
-            vec!["squall.spout.linger.us", "at most 1000000 (1 s)"],
+            vec!["squall.spout.linger.us", "at most 1000000 (1 s)", "10 is the default"],
         ),
         (
             "  topology.max.spout.pending: 1000",
             "  topology.max.spout.pending: 1000\n  squall.worker.cpu.latency.us: 2000000",
             |e| matches!(e, Error::BadConfig { .. }),
-            vec!["squall.worker.cpu.latency.us", "at most 1000000 (1 s)"],
+            vec!["squall.worker.cpu.latency.us", "at most 1000000 (1 s)", "machine's setting"],
         ),
         (
             "  topology.max.spout.pending: 1000",
