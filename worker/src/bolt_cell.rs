@@ -55,8 +55,13 @@ pub(crate) const INLINE_BUDGET: Duration = Duration::from_millis(1);
 /// The most batches an executor's queue may hold for a spout's thread to run them, with its
 /// own batch, instead of queueing behind them ([`BoltCell::try_run`]). At 64, the spout's
 /// thread took count's queue over after every burst, and word count's half-load p99 <= 1 ms
-/// held in 2 and 3 of 6 runs, against 4 and 6 at 4 (issue 21).
-pub(crate) const TAKE_OVER_QUEUED: usize = 4;
+/// held in 2 and 3 of 6 runs, against 4 and 6 at 4 (issue 21). At 1 rather than 4, a backlog
+/// is left to count's own thread after its first batch, so count's state stays on one core
+/// more: at 790k sentences/s with a neighbour process taking 3 ms of every 33, 27 of 30 runs
+/// against 21 of 30 with idle CPUs polling (`squall.worker.cpu.latency.us: 0`), 14 of 18
+/// against 11 of 18 without, quiet 18 of 18 against 17 of 18; at 0, 9 of 12. Full load moved
+/// within the host's spread (issue 21, 2026-11-30).
+pub(crate) const TAKE_OVER_QUEUED: usize = 1;
 
 /// How long a bolt executor's thread, woken for its queued batches, may wait for a core before
 /// a spout's thread that ran dry runs them ([`BoltCell::help`]). Waking an idle thread onto an
@@ -606,7 +611,9 @@ mod tests {
 
         // Queued: a bolt's thread leaves it to the executor's own thread.
         tx.send(batch(&["q1", "q2"])).unwrap();
-        tx.send(batch(&["q3"])).unwrap();
+        for i in 1..TAKE_OVER_QUEUED {
+            tx.send(batch(&[&format!("q{}", i + 2)])).unwrap();
+        }
         let mut mine = batch(&["b"]);
         assert!(!cell.try_run(&mut mine, 4));
         assert_eq!(mine.len(), 1, "left as it was, to be queued");
@@ -615,7 +622,10 @@ mod tests {
         // A spout's thread runs what is queued first, then its own.
         crate::collector::own_inbox::claim(1);
         assert!(cell.try_run(&mut mine, 4));
-        assert_eq!(taken(&seen), ["q1", "q2", "q3", "b"]);
+        let queued = (1..TAKE_OVER_QUEUED).map(|i| format!("q{}", i + 2));
+        let expected: Vec<String> =
+            ["q1", "q2"].map(String::from).into_iter().chain(queued).chain(["b".to_owned()]).collect();
+        assert_eq!(taken(&seen), expected);
         assert!(cell.inbox.is_empty());
 
         // More than `TAKE_OVER_QUEUED` queued: the executor's own thread's work.
