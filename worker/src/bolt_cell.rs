@@ -610,9 +610,14 @@ mod tests {
         assert_eq!(taken(&seen), ["a"]);
 
         // Queued: a bolt's thread leaves it to the executor's own thread.
-        tx.send(batch(&["q1", "q2"])).unwrap();
-        for i in 1..TAKE_OVER_QUEUED {
-            tx.send(batch(&[&format!("q{}", i + 2)])).unwrap();
+        // `TAKE_OVER_QUEUED` batches, the first of two tuples.
+        let queued: Vec<Vec<String>> = (0..TAKE_OVER_QUEUED)
+            .map(
+                |i| if i == 0 { vec!["q1".to_owned(), "q2".to_owned()] } else { vec![format!("q{}", i + 2)] },
+            )
+            .collect();
+        for texts in &queued {
+            tx.send(batch(&texts.iter().map(String::as_str).collect::<Vec<_>>())).unwrap();
         }
         let mut mine = batch(&["b"]);
         assert!(!cell.try_run(&mut mine, 4));
@@ -622,9 +627,7 @@ mod tests {
         // A spout's thread runs what is queued first, then its own.
         crate::collector::own_inbox::claim(1);
         assert!(cell.try_run(&mut mine, 4));
-        let queued = (1..TAKE_OVER_QUEUED).map(|i| format!("q{}", i + 2));
-        let expected: Vec<String> =
-            ["q1", "q2"].map(String::from).into_iter().chain(queued).chain(["b".to_owned()]).collect();
+        let expected: Vec<String> = queued.into_iter().flatten().chain(["b".to_owned()]).collect();
         assert_eq!(taken(&seen), expected);
         assert!(cell.inbox.is_empty());
 
