@@ -16,7 +16,7 @@
 //! unless set.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::Path;
 
 /// The device through which a process holds a CPU latency request.
@@ -67,6 +67,14 @@ impl CpuLatencyRequest {
     }
 }
 
+/// The CPU wake-up latency in force now, in microseconds: the lowest request any process
+/// holds, or the kernel's default when none does (what [`DEVICE`] reads).
+pub fn in_force() -> std::io::Result<i32> {
+    let mut current = [0u8; 4];
+    File::open(DEVICE)?.read_exact(&mut current)?;
+    Ok(i32::from_ne_bytes(current))
+}
+
 /// Holds the request `us` asks for (none for `None`), logging what came of it: a worker that
 /// cannot hold it runs on, with the machine's setting.
 pub(crate) fn hold_configured(us: Option<u32>) -> Option<CpuLatencyRequest> {
@@ -89,8 +97,6 @@ pub(crate) fn hold_configured(us: Option<u32>) -> Option<CpuLatencyRequest> {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Read;
-
     use super::*;
 
     /// The request is written as the kernel reads it (one native-endian i32) and held until
@@ -123,9 +129,7 @@ mod tests {
                 return;
             }
         };
-        let mut current = [0u8; 4];
-        File::open(DEVICE).unwrap().read_exact(&mut current).unwrap();
-        let current = i32::from_ne_bytes(current);
+        let current = in_force().unwrap();
         assert!((0..=7).contains(&current), "the device reads {current} while 7 is held");
         drop(held);
     }

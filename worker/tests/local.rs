@@ -1068,13 +1068,7 @@ fn a_worker_holds_its_cpu_latency_request_while_it_runs() {
     wait_for(Duration::from_secs(30), "every tuple tree acked", || acked(&rec) == n as usize);
     if offered {
         assert_eq!(cluster.runtime().cpu_latency_us(), Some(7));
-        let mut current = [0u8; 4];
-        std::io::Read::read_exact(
-            &mut std::fs::File::open(worker::cpu_latency::DEVICE).unwrap(),
-            &mut current,
-        )
-        .unwrap();
-        let current = i32::from_ne_bytes(current);
+        let current = worker::cpu_latency::in_force().unwrap();
         assert!((0..=7).contains(&current), "the device reads {current} while the worker holds 7");
     } else {
         eprintln!("this user may not write {}: the worker ran without it", worker::cpu_latency::DEVICE);
